@@ -1,0 +1,46 @@
+"""torch_tpu: a TPU as a native PyTorch device.
+
+`import torch_tpu` (or just `import torch`, through PyTorch's device-backend
+autoload) makes "tpu" a PyTorch device: tensors on it are plain torch.Tensors
+with real storage, strides and views; ops run eagerly, each as a cached XLA
+program, on a TPU if present, else a GPU, else the CPU.
+
+Import is light: it registers the backend with PyTorch and nothing else.
+JAX starts on first use of the device.
+"""
+from __future__ import annotations
+
+import torch
+
+from torch_tpu import _native  # loads the device guard and allocator (C++ static registration)
+
+__version__ = "0.1.0"
+
+
+def _register_backend() -> None:
+    from torch_tpu import device as device_module
+    from torch_tpu.eager import kernels
+    from torch_tpu.runtime import platform
+
+    torch.utils.rename_privateuse1_backend("tpu")
+    torch.utils.generate_methods_for_privateuse1_backend()
+    torch._register_device_module("tpu", device_module)
+    _native.register_hooks()
+    _native.set_init_callback(lambda: len(platform.get().devices))
+    kernels.register_fallback()
+    platform.on_init(kernels.register_all)
+    platform.on_init(device_module._apply_pending_seed)
+
+
+if torch._C._get_privateuse1_backend_name() != "tpu":
+    _register_backend()
+
+from torch_tpu import metrics  # noqa: E402
+from torch_tpu.runtime.platform import set_num_cpu_devices  # noqa: E402
+
+
+def _autoload() -> None:
+    """Entry point of the `torch.backends` group: `import torch` imports us."""
+
+
+__all__ = ["metrics", "set_num_cpu_devices", "__version__"]

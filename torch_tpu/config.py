@@ -1,0 +1,66 @@
+"""Every TORCH_TPU_* environment variable, declared and read once, here.
+
+Owns: parsing and validating the variables, and the Python setters that
+override them. Does not own: what the settings do (each consumer reads them).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def _flag(name: str) -> bool:
+    value = os.environ.get(name, "").strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ValueError(f"{name}={value!r}: expected one of 1/0/true/false/yes/no/on/off")
+
+
+def _choice(name: str, choices: tuple[str, ...], default: str | None) -> str | None:
+    value = os.environ.get(name, "").strip().lower()
+    if not value:
+        return default
+    if value not in choices:
+        raise ValueError(f"{name}={value!r}: expected one of {', '.join(choices)}")
+    return value
+
+
+def _int(name: str) -> int | None:
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return None
+    try:
+        number = int(value)
+    except ValueError:
+        raise ValueError(f"{name}={value!r}: expected an integer") from None
+    if number < 1:
+        raise ValueError(f"{name}={value!r}: expected a positive integer")
+    return number
+
+
+@dataclass
+class Config:
+    # PJRT platform: None = best available (tpu, then gpu, then cpu).
+    platform: str | None = field(default_factory=lambda: _choice("TORCH_TPU_PLATFORM", ("tpu", "gpu", "cuda", "rocm", "cpu"), None))
+    # Number of XLA:CPU devices to expose when the platform is cpu (testing multi-device code).
+    num_cpu_devices: int | None = field(default_factory=lambda: _int("TORCH_TPU_NUM_CPU_DEVICES"))
+    # Debug eager: every op synchronous, errors at the Python line of the failing op.
+    launch_blocking: bool = field(default_factory=lambda: _flag("TORCH_TPU_LAUNCH_BLOCKING"))
+    # Ops with no lowering and no decomposition: "warn" (run on CPU, warn once per op) or "error".
+    fallback: str = field(default_factory=lambda: _choice("TORCH_TPU_FALLBACK", ("warn", "error", "silent"), "warn"))
+
+
+config = Config()
+
+
+def reload() -> Config:
+    """Re-read the environment (tests use this; programs read it once at import)."""
+    global config
+    fresh = Config()
+    config.__dict__.update(fresh.__dict__)
+    return config

@@ -1,0 +1,306 @@
+// The native shim of torch_tpu: the few things PyTorch only accepts from C++.
+//
+// It owns: the PrivateUse1 device guard (true device count, per-thread current
+// device, a default stream per device), the hooks (per-device Philox-style
+// generators holding (seed, offset)), and the storage allocator.  The allocator
+// hands out unique fake addresses (never dereferenced) with real byte sizes,
+// keeps live/peak byte counts per device, raises torch.OutOfMemoryError past the
+// device limit, and queues freed addresses so Python can drop the device buffers.
+// Every other decision (lowering, execution, caching) stays in Python.
+#include <torch/extension.h>
+
+#include <ATen/EmptyTensor.h>
+#include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <torch/csrc/Generator.h>
+
+#include <atomic>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+namespace {
+
+using c10::Device;
+using c10::DeviceIndex;
+using c10::Stream;
+constexpr c10::DeviceType kTpu = c10::DeviceType::PrivateUse1;
+constexpr int kMaxDevices = 64;
+
+// ---------------------------------------------------------------- devices
+std::atomic<int> g_device_count{-1};  // -1: runtime not initialised yet
+py::object* g_init_callback = nullptr;  // Python: initialise runtime, return count
+std::string g_init_error;               // why the last initialisation failed
+thread_local DeviceIndex t_current_device = 0;
+
+DeviceIndex device_count() noexcept {
+  int count = g_device_count.load();
+  if (count >= 0 || g_init_callback == nullptr) return std::max(count, 0);
+  try {
+    py::gil_scoped_acquire gil;
+    count = (*g_init_callback)().cast<int>();
+    g_device_count.store(count);
+    g_init_error.clear();
+  } catch (const std::exception& e) {
+    g_init_error = e.what();  // noexcept interface: check_index reports it
+    return 0;
+  }
+  return count;
+}
+
+void check_index(DeviceIndex index) {
+  DeviceIndex count = device_count();
+  TORCH_CHECK(count > 0 || g_init_error.empty(), "tpu runtime failed to initialise: ", g_init_error);
+  TORCH_CHECK(index >= 0 && index < count, "Invalid device 'tpu:", static_cast<int>(index),
+              "': torch.tpu.device_count() is ", static_cast<int>(count));
+}
+
+struct TpuGuard final : c10::impl::DeviceGuardImplInterface {
+  c10::DeviceType type() const override { return kTpu; }
+  Device exchangeDevice(Device d) const override {
+    Device old(kTpu, t_current_device);
+    setDevice(d);
+    return old;
+  }
+  Device getDevice() const override { return Device(kTpu, t_current_device); }
+  void setDevice(Device d) const override {
+    if (d.index() < 0) return;
+    check_index(d.index());
+    t_current_device = d.index();
+  }
+  void uncheckedSetDevice(Device d) const noexcept override {
+    if (d.index() >= 0) t_current_device = d.index();
+  }
+  // XLA orders work per device itself; one default stream per device is honest.
+  Stream getStream(Device d) const override { return Stream(Stream::DEFAULT, d); }
+  Stream exchangeStream(Stream s) const override { return Stream(Stream::DEFAULT, s.device()); }
+  DeviceIndex deviceCount() const noexcept override { return device_count(); }
+  void record(void**, const Stream&, const DeviceIndex, const c10::EventFlag) const override {}
+  void block(void*, const Stream&) const override {}
+  bool queryEvent(void*) const override { return true; }
+  void destroyEvent(void*, const DeviceIndex) const noexcept override {}
+};
+C10_REGISTER_GUARD_IMPL(PrivateUse1, TpuGuard);
+
+// ---------------------------------------------------------------- memory
+struct DeviceMemory {
+  std::atomic<int64_t> allocated{0}, peak{0}, num_allocs{0}, num_frees{0}, live_storages{0};
+  std::atomic<int64_t> limit{INT64_MAX};
+};
+DeviceMemory g_memory[kMaxDevices];
+
+std::mutex g_freed_mutex;
+std::vector<uint64_t> g_freed;  // addresses whose storages PyTorch released
+std::unordered_map<uint64_t, std::pair<int64_t, int>> g_live;  // address -> (bytes, device)
+
+void release(void* ctx) {
+  uint64_t addr = reinterpret_cast<uint64_t>(ctx);
+  std::lock_guard<std::mutex> lock(g_freed_mutex);
+  auto it = g_live.find(addr);
+  if (it != g_live.end()) {
+    DeviceMemory& m = g_memory[it->second.second];
+    m.allocated -= it->second.first;
+    m.num_frees += 1;
+    m.live_storages -= 1;
+    g_live.erase(it);
+  }
+  g_freed.push_back(addr);
+}
+
+std::string format_bytes(int64_t n) {
+  char buf[64];
+  snprintf(buf, sizeof(buf), "%.2f GiB", static_cast<double>(n) / (1024.0 * 1024.0 * 1024.0));
+  return buf;
+}
+
+struct TpuAllocator final : c10::Allocator {
+  // Fake addresses start high and only grow, so no two storages ever share
+  // one; ranges never overlap, which tied-weight detection relies on.
+  std::atomic<uint64_t> next{1ull << 44};
+
+  c10::DataPtr allocate(size_t nbytes) override {
+    DeviceIndex index = t_current_device;
+    DeviceMemory& m = g_memory[index];
+    int64_t n = static_cast<int64_t>(nbytes);
+    int64_t now = m.allocated.load();
+    TORCH_CHECK_WITH(OutOfMemoryError, now + n <= m.limit.load(),
+                     "TPU out of memory. Tried to allocate ", format_bytes(n), " (tpu:",
+                     static_cast<int>(index), "; ", format_bytes(m.limit.load()), " total capacity; ",
+                     format_bytes(now), " already allocated).");
+    uint64_t span = nbytes == 0 ? 64 : ((nbytes + 63) / 64) * 64;
+    uint64_t addr = next.fetch_add(span);
+    {
+      std::lock_guard<std::mutex> lock(g_freed_mutex);
+      g_live.emplace(addr, std::make_pair(n, static_cast<int>(index)));
+    }
+    now = (m.allocated += n);
+    int64_t peak = m.peak.load();
+    while (now > peak && !m.peak.compare_exchange_weak(peak, now)) {}
+    m.num_allocs += 1;
+    m.live_storages += 1;
+    void* p = reinterpret_cast<void*>(addr);
+    return {p, p, &release, Device(kTpu, index)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &release; }
+  void copy_data(void*, const void*, std::size_t) const override {
+    TORCH_CHECK(false, "tpu storages are not host-addressable; copy through torch_tpu");
+  }
+};
+TpuAllocator g_allocator;
+REGISTER_ALLOCATOR(kTpu, &g_allocator);
+
+// ---------------------------------------------------------------- random
+// Counter-based generator state, like CUDA's Philox: programs take (seed,
+// offset) as runtime inputs, so compiled random ops are reused every step.
+struct TpuGenerator final : c10::GeneratorImpl {
+  uint64_t seed_ = c10::default_rng_seed_val;
+  uint64_t offset_ = 0;
+  explicit TpuGenerator(DeviceIndex index)
+      : c10::GeneratorImpl(Device(kTpu, index), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1)) {}
+  void set_current_seed(uint64_t seed) override { seed_ = seed; offset_ = 0; }
+  void set_offset(uint64_t offset) override { offset_ = offset; }
+  uint64_t get_offset() const override { return offset_; }
+  uint64_t current_seed() const override { return seed_; }
+  uint64_t seed() override {
+    uint64_t s = c10::detail::getNonDeterministicRandom();
+    set_current_seed(s);
+    return s;
+  }
+  void set_state(const c10::TensorImpl& state) override {
+    TORCH_CHECK(state.numel() == 16 && state.dtype() == at::kByte,
+                "tpu RNG state must be a ByteTensor of 16 bytes (seed, offset)");
+    const uint64_t* p = static_cast<const uint64_t*>(state.data());
+    seed_ = p[0];
+    offset_ = p[1];
+  }
+  c10::intrusive_ptr<c10::TensorImpl> get_state() const override {
+    at::Tensor t = at::empty({16}, at::kByte);
+    uint64_t* p = static_cast<uint64_t*>(t.data_ptr());
+    p[0] = seed_;
+    p[1] = offset_;
+    return t.getIntrusivePtr();
+  }
+  TpuGenerator* clone_impl() const override {
+    auto* g = new TpuGenerator(device().index());
+    g->seed_ = seed_;
+    g->offset_ = offset_;
+    return g;
+  }
+};
+
+std::mutex g_generators_mutex;
+std::vector<at::Generator> g_default_generators;
+
+struct TpuHooks final : at::PrivateUse1HooksInterface {
+  bool isBuilt() const override { return true; }
+  bool isAvailable() const override { return device_count() > 0; }
+  const at::Generator& getDefaultGenerator(DeviceIndex index) const override {
+    if (index < 0) index = t_current_device;
+    check_index(index);
+    std::lock_guard<std::mutex> lock(g_generators_mutex);
+    while (static_cast<int>(g_default_generators.size()) <= index) {
+      g_default_generators.push_back(
+          at::make_generator<TpuGenerator>(static_cast<DeviceIndex>(g_default_generators.size())));
+    }
+    return g_default_generators[index];
+  }
+  at::Generator getNewGenerator(DeviceIndex index) const override {
+    return at::make_generator<TpuGenerator>(index < 0 ? t_current_device : index);
+  }
+  Device getDeviceFromPtr(void*) const override { return Device(kTpu, t_current_device); }
+  bool hasPrimaryContext(DeviceIndex index) const override { return g_device_count.load() > 0; }
+  bool isPinnedPtr(const void*) const override { return false; }
+};
+
+// ---------------------------------------------------------------- factories
+at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<at::ScalarType> dtype,
+                               std::optional<at::Layout>, std::optional<Device> device,
+                               std::optional<bool>, std::optional<c10::MemoryFormat> memory_format) {
+  c10::DeviceGuard guard(device.value_or(Device(kTpu, -1)));
+  return at::detail::empty_generic(size, &g_allocator, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                   dtype.value_or(at::get_default_dtype_as_scalartype()), memory_format);
+}
+
+at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::optional<at::ScalarType> dtype,
+                         std::optional<at::Layout>, std::optional<Device> device, std::optional<bool>) {
+  c10::DeviceGuard guard(device.value_or(Device(kTpu, -1)));
+  return at::detail::empty_strided_generic(size, stride, &g_allocator,
+                                           c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                           dtype.value_or(at::get_default_dtype_as_scalartype()));
+}
+
+// One call instead of six attribute reads: the executor's cache key and
+// storage lookup per tensor argument.
+py::tuple int_tuple(c10::IntArrayRef values) {
+  py::tuple out(values.size());
+  for (size_t i = 0; i < values.size(); ++i) out[i] = py::int_(values[i]);
+  return out;
+}
+
+py::tuple tensor_signature(const at::Tensor& t) {
+  const c10::Storage& s = t.storage();
+  return py::make_tuple(t.scalar_type(), int_tuple(t.sizes()), int_tuple(t.strides()), t.storage_offset(),
+                        s.nbytes(), t.device().index(), reinterpret_cast<uint64_t>(s.data()));
+}
+
+// The executor's output allocation: skips the dispatcher, returns the address too.
+py::tuple new_tensor(c10::IntArrayRef sizes, c10::IntArrayRef strides, at::ScalarType dtype, int index) {
+  c10::DeviceGuard guard(Device(kTpu, static_cast<DeviceIndex>(index)));
+  at::Tensor t = at::detail::empty_strided_generic(sizes, strides, &g_allocator,
+                                                   c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), dtype);
+  uint64_t address = reinterpret_cast<uint64_t>(t.storage().data());
+  return py::make_tuple(std::move(t), address);
+}
+
+py::dict memory_stats(int index) {
+  TORCH_CHECK(index >= 0 && index < kMaxDevices, "bad device index");
+  DeviceMemory& m = g_memory[index];
+  py::dict d;
+  d["allocated_bytes.all.current"] = m.allocated.load();
+  d["allocated_bytes.all.peak"] = m.peak.load();
+  d["allocation.all.allocated"] = m.num_allocs.load();
+  d["allocation.all.freed"] = m.num_frees.load();
+  d["allocation.all.current"] = m.live_storages.load();
+  d["bytes_limit"] = m.limit.load();
+  return d;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("empty.memory_format", &empty_memory_format);
+  m.impl("empty_strided", &empty_strided);
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "torch_tpu native shim: device guard, hooks, allocator";
+  m.def("register_hooks", []() { at::RegisterPrivateUse1HooksInterface(new TpuHooks()); });
+  m.def("set_init_callback", [](py::object cb) {
+    delete g_init_callback;
+    g_init_callback = new py::object(std::move(cb));
+  });
+  m.def("set_device_count", [](int n) {
+    TORCH_CHECK(n >= -1 && n <= kMaxDevices, "device count out of range");
+    g_device_count.store(n);
+  });
+  m.def("device_count_if_initialized", []() { return g_device_count.load(); });
+  m.def("current_device", []() { return static_cast<int>(t_current_device); });
+  m.def("set_device", [](int index) {
+    check_index(static_cast<DeviceIndex>(index));
+    t_current_device = static_cast<DeviceIndex>(index);
+  });
+  m.def("default_generator", [](int index) {
+    return at::detail::getPrivateUse1Hooks().getDefaultGenerator(static_cast<DeviceIndex>(index));
+  });
+  m.def("drain_freed", []() {
+    std::lock_guard<std::mutex> lock(g_freed_mutex);
+    std::vector<uint64_t> out;
+    out.swap(g_freed);
+    return out;
+  });
+  m.def("tensor_signature", &tensor_signature);
+  m.def("new_tensor", &new_tensor);
+  m.def("memory_stats", &memory_stats);
+  m.def("set_memory_limit", [](int index, int64_t limit) { g_memory[index].limit.store(limit); });
+  m.def("reset_peak", [](int index) { g_memory[index].peak.store(g_memory[index].allocated.load()); });
+}

@@ -1,0 +1,386 @@
+"""The `torch.tpu` module: device management, RNG, memory statistics.
+
+Mirrors `torch.cuda` where it is meaningful. Nothing here initialises the
+runtime (JAX) until a function needs the devices.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from torch_tpu import _native
+
+__all__ = [
+    "is_available", "device_count", "current_device", "set_device", "device", "synchronize",
+    "manual_seed", "manual_seed_all", "seed", "seed_all", "initial_seed", "get_rng_state", "set_rng_state",
+    "get_rng_state_all", "set_rng_state_all", "default_generators",
+    "get_device_name", "get_device_properties", "get_device_capability",
+    "memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
+    "reset_peak_memory_stats", "memory_stats", "empty_cache", "set_per_process_memory_fraction",
+    "is_initialized", "init", "Stream", "Event", "current_stream", "default_stream", "stream",
+]
+
+_in_bad_fork = False
+_pending_seed: int | None = None  # manual_seed_all before the runtime started
+
+
+def _after_fork_in_child():
+    global _in_bad_fork
+    from torch_tpu.runtime import platform
+
+    if platform.is_initialized():
+        _in_bad_fork = True
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _is_in_bad_fork() -> bool:
+    return _in_bad_fork
+
+
+def _runtime():
+    from torch_tpu.runtime import platform
+
+    if _in_bad_fork:
+        raise RuntimeError(
+            "Cannot re-initialize the tpu runtime in a forked subprocess. To use tpu with multiprocessing, "
+            "use the 'spawn' start method"
+        )
+    return platform.get()
+
+
+def init() -> None:
+    """Initialise the runtime now (it otherwise starts on first use)."""
+    _runtime()
+
+
+def is_initialized() -> bool:
+    from torch_tpu.runtime import platform
+
+    return platform.is_initialized()
+
+
+def is_available() -> bool:
+    """True when an XLA platform (TPU, GPU or CPU) backs the "tpu" device."""
+    try:
+        return device_count() > 0
+    except RuntimeError:
+        return False
+
+
+def device_count() -> int:
+    return len(_runtime().devices)
+
+
+def _index(device=None) -> int:
+    if device is None:
+        return current_device()
+    if isinstance(device, int):
+        index = device
+    else:
+        device = torch.device(device)
+        if device.type != "tpu":
+            raise ValueError(f"Expected a tpu device, but got: {device}")
+        index = device.index if device.index is not None else current_device()
+    count = device_count()
+    if not 0 <= index < count:
+        raise RuntimeError(f"Invalid device 'tpu:{index}': torch.tpu.device_count() is {count}")
+    return index
+
+
+def current_device() -> int:
+    return _native.current_device()
+
+
+def set_device(device) -> None:
+    """Set the current tpu device of this thread (like torch.cuda.set_device)."""
+    _native.set_device(_index(device))
+
+
+class device:
+    """Context manager that changes the current tpu device."""
+
+    def __init__(self, device):
+        self.index = -1 if device is None else _index(device)
+        self.previous = -1
+
+    def __enter__(self):
+        self.previous = current_device()
+        if self.index >= 0:
+            _native.set_device(self.index)
+
+    def __exit__(self, *exc):
+        if self.index >= 0:
+            _native.set_device(self.previous)
+        return False
+
+
+def synchronize(device=None) -> None:
+    """Wait until every queued computation on the device has finished."""
+    from torch_tpu.runtime import storage
+
+    index = _index(device)
+    storage.drain()
+    arrays = [value for value, _ in list(storage.buffers.values()) if hasattr(value, "block_until_ready")]
+    target = _runtime().devices[index]
+    for array in arrays:
+        if target in array.devices():
+            array.block_until_ready()
+
+
+# ------------------------------------------------------------------ RNG
+class _DefaultGenerators:
+    """`torch.tpu.default_generators[i]`: the default generator of each device."""
+
+    def __getitem__(self, index: int) -> torch.Generator:
+        return _native.default_generator(_index(index))
+
+    def __len__(self) -> int:
+        return device_count()
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
+
+
+default_generators = _DefaultGenerators()
+
+
+def _apply_pending_seed() -> None:
+    global _pending_seed
+    if _pending_seed is not None:
+        seed, _pending_seed = _pending_seed, None
+        for generator in default_generators:
+            generator.manual_seed(seed)
+
+
+def manual_seed(seed: int) -> None:
+    """Seed the current tpu device's generator."""
+    seed = int(seed)
+    if not is_initialized():
+        manual_seed_all(seed)
+        return
+    default_generators[current_device()].manual_seed(seed)
+
+
+def manual_seed_all(seed: int) -> None:
+    """Seed every tpu device's generator (called by torch.manual_seed)."""
+    global _pending_seed
+    seed = int(seed)
+    if not is_initialized():
+        _pending_seed = seed  # applied when the runtime starts: seeding must not start JAX
+        return
+    for generator in default_generators:
+        generator.manual_seed(seed)
+
+
+def seed() -> None:
+    default_generators[current_device()].seed()
+
+
+def seed_all() -> None:
+    import random
+
+    value = random.getrandbits(63)
+    for generator in default_generators:
+        generator.manual_seed(value)
+
+
+def initial_seed() -> int:
+    return default_generators[current_device()].initial_seed()
+
+
+def get_rng_state(device="tpu") -> torch.Tensor:
+    return default_generators[_index(device)].get_state()
+
+
+def set_rng_state(new_state: torch.Tensor, device="tpu") -> None:
+    default_generators[_index(device)].set_state(new_state)
+
+
+def get_rng_state_all() -> list:
+    return [g.get_state() for g in default_generators]
+
+
+def set_rng_state_all(states) -> None:
+    for generator, state in zip(default_generators, states):
+        generator.set_state(state)
+
+
+# ------------------------------------------------------------------ properties
+@dataclass(frozen=True)
+class DeviceProperties:
+    name: str
+    platform: str
+    kind: str
+    index: int
+    total_memory: int
+
+    def __repr__(self):
+        return (f"_TpuDeviceProperties(name='{self.name}', platform='{self.platform}', "
+                f"total_memory={self.total_memory // (1024 * 1024)}MB)")
+
+
+def get_device_properties(device=None) -> DeviceProperties:
+    rt = _runtime()
+    index = _index(device)
+    d = rt.devices[index]
+    return DeviceProperties(
+        name=get_device_name(index), platform=rt.platform, kind=d.device_kind, index=index,
+        total_memory=_native.memory_stats(index)["bytes_limit"],
+    )
+
+
+def get_device_name(device=None) -> str:
+    rt = _runtime()
+    d = rt.devices[_index(device)]
+    kind = d.device_kind
+    return kind if rt.platform != "cpu" else f"XLA:CPU ({kind})"
+
+
+def get_device_capability(device=None) -> tuple[int, int]:
+    return (0, 0)
+
+
+# ------------------------------------------------------------------ memory
+def _stats(device) -> dict:
+    from torch_tpu.runtime import storage
+
+    storage.drain()
+    return _native.memory_stats(_index(device))
+
+
+def memory_allocated(device=None) -> int:
+    """Bytes held by live tpu storages on the device."""
+    return _stats(device)["allocated_bytes.all.current"]
+
+
+def max_memory_allocated(device=None) -> int:
+    """Peak of memory_allocated since start or the last reset_peak_memory_stats."""
+    return _stats(device)["allocated_bytes.all.peak"]
+
+
+def memory_reserved(device=None) -> int:
+    # No caching allocator of our own: reserved equals allocated.
+    return memory_allocated(device)
+
+
+def max_memory_reserved(device=None) -> int:
+    return max_memory_allocated(device)
+
+
+def reset_peak_memory_stats(device=None) -> None:
+    _native.reset_peak(_index(device))
+
+
+def memory_stats(device=None) -> dict:
+    """CUDA-style memory statistics, plus the live device buffer count."""
+    from torch_tpu.runtime import storage
+
+    stats = dict(_stats(device))
+    stats["reserved_bytes.all.current"] = stats["allocated_bytes.all.current"]
+    stats["reserved_bytes.all.peak"] = stats["allocated_bytes.all.peak"]
+    stats["num_device_buffers"] = len(storage.buffers)
+    return stats
+
+
+def empty_cache() -> None:
+    """Release device buffers of freed storages now."""
+    from torch_tpu.runtime import storage
+
+    storage.drain()
+
+
+def set_per_process_memory_fraction(fraction: float, device=None) -> None:
+    """Cap this process's tpu allocations at `fraction` of the device memory."""
+    if not 0.0 <= fraction <= 1.0:
+        raise ValueError(f"Invalid fraction value: {fraction}. Allowed range: 0~1")
+    index = _index(device)
+    from torch_tpu.runtime import platform
+
+    total = platform._memory_limit(_runtime().devices[index])
+    _native.set_memory_limit(index, int(total * fraction))
+
+
+# ------------------------------------------------------------------ streams
+class Stream:
+    """The device's single in-order stream (XLA orders work per device itself)."""
+
+    def __init__(self, device=None, priority: int = 0):
+        self.device = torch.device("tpu", _index(device))
+        self.priority = priority
+
+    def synchronize(self) -> None:
+        synchronize(self.device)
+
+    def wait_stream(self, stream) -> None:
+        pass  # one stream per device: already ordered
+
+    def wait_event(self, event) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+    def record_event(self, event=None):
+        event = event or Event()
+        event.record(self)
+        return event
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def __eq__(self, other):
+        return isinstance(other, Stream) and other.device == self.device
+
+    def __hash__(self):
+        return hash(self.device)
+
+
+class Event:
+    """A point in a stream; `elapsed_time` measures host time between synchronized records."""
+
+    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
+        self.enable_timing = enable_timing
+        self._time = None
+        self._device = None
+
+    def record(self, stream: Stream | None = None) -> None:
+        import time
+
+        self._device = (stream or current_stream()).device
+        if self.enable_timing:
+            synchronize(self._device)
+            self._time = time.perf_counter()
+
+    def synchronize(self) -> None:
+        if self._device is not None:
+            synchronize(self._device)
+
+    def wait(self, stream=None) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+    def elapsed_time(self, end: "Event") -> float:
+        if not (self.enable_timing and end.enable_timing) or self._time is None or end._time is None:
+            raise RuntimeError("Both events must be recorded with enable_timing=True before elapsed_time()")
+        return (end._time - self._time) * 1000.0
+
+
+def current_stream(device=None) -> Stream:
+    return Stream(device)
+
+
+def default_stream(device=None) -> Stream:
+    return Stream(device)
+
+
+def stream(s: Stream | None):
+    return s if s is not None else Stream()

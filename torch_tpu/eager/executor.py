@@ -1,0 +1,223 @@
+"""Strict and Debug eager execution.
+
+Strict (default): every dispatched op becomes one cached program (its view
+reads, the lowering, its write-backs) and is launched asynchronously; the call
+returns before the device finishes. Debug (TORCH_TPU_LAUNCH_BLOCKING=1): the
+same, but each op waits for its results, so an error surfaces at the Python
+line of the failing op.
+
+Owns: signatures (cache keys), the process-local program cache, launching,
+output tensors and storage updates, error translation. Does not own: what an
+op computes (ops/) or how its program is traced (program.py).
+"""
+from __future__ import annotations
+
+import jax
+import torch
+
+from torch_tpu import _native, metrics
+from torch_tpu.config import config
+from torch_tpu.eager import program as program_mod
+from torch_tpu.eager.opspec import Arg, OpSpec
+from torch_tpu.ops.registry import Lowering
+from torch_tpu.runtime import platform, storage
+from torch_tpu.runtime.errors import translate_runtime_error
+
+_signature_of = _native.tensor_signature
+_new_tensor = _native.new_tensor
+_buffers = storage.buffers
+_TENSOR, _CPU, _SCALAR, _SCALAR_LIST = program_mod.TENSOR, program_mod.CPU_SCALAR, program_mod.SCALAR, program_mod.SCALAR_LIST
+_T, _OT, _TL, _OTL, _S, _OS, _SL, _GEN = (
+    Arg.TENSOR, Arg.OPT_TENSOR, Arg.TENSOR_LIST, Arg.OPT_TENSOR_LIST, Arg.SCALAR, Arg.OPT_SCALAR, Arg.SCALAR_LIST,
+    Arg.GENERATOR,
+)
+
+_NUMBERS = (int, float, bool, complex)
+
+# Level 1 of the compile cache: signature -> OpProgram (with its executable).
+programs: dict[tuple, program_mod.OpProgram] = {}
+
+
+def _device_error(spec: OpSpec, name: str, first: str, second: str) -> RuntimeError:
+    return RuntimeError(
+        f"Expected all tensors to be on the same device, but found at least two devices, {first} and {second}! "
+        f"(when checking argument '{name}' for {spec.name})"
+    )
+
+
+def signature(spec: OpSpec, lowering: Lowering, full: list):
+    """(key, slot addresses, slot buffer entries, runtime scalars, device) of one call."""
+    entries = []
+    scalars = []
+    slot_of: dict[int, int] = {}
+    slot_addresses = []
+    slot_nbytes = []
+    device = -1
+    static_scalars = lowering.static_scalars
+    generator = None
+
+    def tensor_entry(t, name, written):
+        nonlocal device
+        dtype, sizes, strides, offset, nbytes, index, address = _signature_of(t)
+        if index < 0 or t.device.type != "tpu":
+            if t.device.type == "cpu" and t.dim() == 0 and not written:
+                scalars.append(t.item())
+                return (_CPU, dtype)
+            raise _device_error(spec, name, "tpu:%d" % max(device, 0), str(t.device))
+        if device != index:
+            if device >= 0:
+                raise _device_error(spec, name, "tpu:%d" % device, "tpu:%d" % index)
+            device = index
+        slot = slot_of.get(address)
+        if slot is None:
+            slot = slot_of[address] = len(slot_addresses)
+            slot_addresses.append(address)
+            slot_nbytes.append(nbytes)
+        return (_TENSOR, dtype, sizes, strides, offset, slot)
+
+    writes = spec.writes
+    for i, (kind, value) in enumerate(zip(spec.kinds, full)):
+        if value is None:
+            entries.append(None)
+        elif kind <= _OT:
+            if isinstance(value, torch.Tensor):
+                entries.append(tensor_entry(value, spec.names[i], i in writes))
+            elif type(value) in _NUMBERS:  # a wrapped number: PyTorch hands it back as a Python scalar
+                entries.append((_SCALAR, type(value)))
+                scalars.append(value)
+            else:
+                raise TypeError(f"{spec.name}: argument '{spec.names[i]}' must be a Tensor, not {type(value).__name__}")
+        elif kind <= _OTL:
+            entries.append(tuple(None if t is None else tensor_entry(t, spec.names[i], i in writes) for t in value))
+        elif kind <= _OS:
+            if static_scalars:
+                entries.append(("V", value))
+            else:
+                entries.append((_SCALAR, type(value)))
+                scalars.append(value)
+        elif kind == _SL:
+            entries.append((_SCALAR_LIST, tuple(map(type, value))))
+            scalars.extend(value)
+        elif kind == _GEN:
+            generator = value
+            entries.append(None)
+        else:
+            entries.append(tuple(value) if type(value) is list else value)
+
+    if device < 0:
+        device = _device_from_args(spec, full)
+    slots = []
+    slot_entries = []
+    for address, nbytes in zip(slot_addresses, slot_nbytes):
+        entry = _buffers.get(address)
+        slot_entries.append(entry)
+        slots.append((None if entry is None else entry[1], nbytes))
+    if lowering.rng:
+        scalars.extend(_rng_scalars(generator, device))
+    extra = ()
+    if lowering.precision:
+        from torch_tpu import precision
+
+        extra = (precision.matmul_precision(),)
+    key = (spec.op, device, *entries, tuple(slots), *extra)
+    return key, slot_addresses, slot_entries, scalars, device
+
+
+def _device_from_args(spec: OpSpec, full: list) -> int:
+    if "device" in spec.index:
+        value = full[spec.index["device"]]
+        if value is not None:
+            d = torch.device(value)
+            if d.type == "tpu":
+                return d.index if d.index is not None else _native.current_device()
+    return _native.current_device()
+
+
+def _rng_scalars(generator, device: int):
+    if generator is None:
+        generator = _native.default_generator(device)
+    elif generator.device.type != "tpu":
+        raise RuntimeError(f"Expected a 'tpu' device type for generator but found '{generator.device.type}'")
+    seed = generator.initial_seed()
+    offset = generator.get_offset()
+    generator.set_offset(offset + 1)
+    return (seed & 0xFFFFFFFF, seed >> 32, offset & 0xFFFFFFFF, offset >> 32)
+
+
+def execute(spec: OpSpec, lowering: Lowering, via_functional: bool, args: tuple, kwargs: dict):
+    """Run one dispatched op as its cached program; return what the op returns."""
+    full = spec.normalize(args, kwargs)
+    storage.drain()
+    key, slot_addresses, slot_entries, scalars, device = signature(spec, lowering, full)
+    prog = programs.get(key)
+    if prog is None:
+        metrics.counts.cache_misses += 1
+        prog = program_mod.build(key, spec, lowering, scalars, via_functional)
+        programs[key] = prog
+    else:
+        metrics.counts.cache_hits += 1
+    if prog.resize:
+        for index, sizes in prog.resize.items():
+            _resize_out(full[index], sizes)
+        return execute(spec, lowering, via_functional, tuple(full), {})
+
+    arrays = [slot_entries[i][0] for i in prog.input_slots]
+    executable = prog.executable
+    try:
+        if executable is None:
+            executable = program_mod.compile_program(prog, platform.get().shardings[device], arrays, scalars)
+        fresh, updated = executable(arrays, scalars)
+        if config.launch_blocking:
+            jax.block_until_ready((fresh, updated))
+    except jax.errors.JaxRuntimeError as err:
+        raise translate_runtime_error(err, spec.name) from None
+    metrics.counts.ops_executed += 1
+
+    slot_dtypes = prog.slot_dtypes
+    for slot, array in zip(prog.updated_slots, updated):
+        _buffers[slot_addresses[slot]] = (array, slot_dtypes[slot])
+
+    outs = []
+    for meta, array in zip(prog.outputs, fresh):
+        t, address = _new_tensor(meta.sizes, meta.strides, meta.dtype, device)
+        _buffers[address] = (array, meta.dtype)
+        outs.append(t)
+    return _returns(spec, prog, full, outs)
+
+
+def _returns(spec: OpSpec, prog, full, outs):
+    returns = spec.returns
+    if len(returns) == 1:
+        kind, info = returns[0]
+        if kind == "arg":
+            return full[info]
+        return outs if info else outs[0]
+    results = []
+    position = 0
+    counts = iter(prog.return_counts or ())
+    for kind, info in returns:
+        if kind == "arg":
+            results.append(full[info])
+        elif info:
+            n = next(counts)
+            results.append(outs[position:position + n])
+            position += n
+        else:
+            results.append(outs[position])
+            position += 1
+    return tuple(results) if results else None
+
+
+def _resize_out(t: torch.Tensor, sizes) -> None:
+    if t.numel() != 0:
+        import warnings
+
+        warnings.warn(
+            f"An output with one or more elements was resized since it had shape {list(t.shape)}, which does not "
+            f"match the required output shape {list(sizes)}. This behavior is deprecated, and in a future PyTorch "
+            "release outputs will not be resized unless they have zero elements. You can explicitly reuse an out "
+            "tensor t by resizing it, inplace, to zero elements with t.resize_(0).",
+            UserWarning,
+            stacklevel=4,
+        )
+    t.resize_(sizes)

@@ -1,0 +1,216 @@
+"""Registering "tpu" kernels with PyTorch's dispatcher.
+
+At import only a catch-all fallback is registered (cheap, no JAX). The first
+op that reaches it initialises the runtime and registers the real kernels:
+one per lowered op, one per in-place/out= variant derived from its schema,
+metadata-only view ops (PyTorch's own CPU kernels, redispatched: they only
+touch sizes/strides/storage), and the special kernels (copy_, resize_, item).
+Ops with no kernel land in the fallback: decomposition, else CPU fallback.
+"""
+from __future__ import annotations
+
+import threading
+import warnings
+
+import torch
+from torch.utils import _pytree as pytree
+
+from torch_tpu import metrics
+from torch_tpu.config import config
+from torch_tpu.eager.opspec import functional_counterpart, spec
+
+aten = torch.ops.aten
+_CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+_libraries: list = []
+_kernels: dict = {}  # op -> kernel, for ops reaching the fallback before registration
+_registered = False
+_lock = threading.RLock()
+
+
+def register_fallback() -> None:
+    lib = torch.library.Library("_", "IMPL")
+    lib.fallback(_fallback, "PrivateUse1")
+    _libraries.append(lib)
+
+
+def _has(op, key: str) -> bool:
+    return torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), key)
+
+
+def register_all() -> None:
+    """Register every tpu kernel (idempotent; called by runtime initialisation)."""
+    global _registered
+    with _lock:
+        if _registered:
+            return
+        from torch_tpu import ops
+        from torch_tpu.eager import special
+        from torch_tpu.ops import registry
+
+        ops.load_all()
+        lib = torch.library.Library("aten", "IMPL")
+        _libraries.append(lib)
+
+        def add(op, kernel):
+            if op in _kernels:
+                raise RuntimeError(f"two tpu kernels for {op}")
+            _kernels[op] = kernel
+            lib.impl(op, kernel, "PrivateUse1")
+
+        for op, kernel in special.kernels().items():
+            add(op, kernel)
+        for op, lowering in registry.table().items():
+            if op in _kernels:
+                continue
+            add(op, _lowered_kernel(op, lowering, via_functional=False))
+            for variant in mutating_variants(op):
+                if variant not in _kernels and registry.get(variant) is None:
+                    add(variant, _lowered_kernel(variant, lowering, via_functional=True))
+        for op in metadata_ops():
+            if op not in _kernels:
+                add(op, _redispatch_cpu(op))
+        _registered = True
+
+
+def _lowered_kernel(op, lowering, via_functional: bool):
+    from torch_tpu.eager.executor import execute
+
+    s = spec(op)
+
+    def kernel(*args, **kwargs):
+        return execute(s, lowering, via_functional, args, kwargs)
+
+    kernel.__name__ = f"tpu_{op.name().replace('::', '_').replace('.', '_')}"
+    return kernel
+
+
+def mutating_variants(op) -> list:
+    """The in-place and out= overloads whose functional counterpart is `op`."""
+    name = op._schema.name.split("::")[1]
+    found = []
+    for packet_name in (name + "_", name):
+        packet = getattr(aten, packet_name, None)
+        if packet is None:
+            continue
+        for overload in packet.overloads():
+            candidate = getattr(packet, overload)
+            if spec(candidate).writes and functional_counterpart(candidate) == op and not _has(candidate, "CompositeImplicitAutograd"):
+                found.append(candidate)
+    return found
+
+
+def metadata_ops() -> list:
+    """aten ops that only change tensor metadata and have CPU kernels: views and inplace views."""
+    out = []
+    for name in torch._C._dispatch_get_all_op_names():
+        if not name.startswith("aten::"):
+            continue
+        if not torch._C._dispatch_has_kernel_for_dispatch_key(name, "CPU"):
+            continue
+        base, _, overload = name[len("aten::"):].partition(".")
+        packet = getattr(aten, base, None)
+        if packet is None:
+            continue
+        op = getattr(packet, overload or "default", None)
+        if op is None:
+            continue
+        if torch.Tag.inplace_view in op.tags or (spec(op).is_view and not spec(op).writes):
+            out.append(op)
+    return out
+
+
+def _redispatch_cpu(op):
+    def kernel(*args, **kwargs):
+        return op.redispatch(_CPU, *args, **kwargs)
+
+    return kernel
+
+
+# ------------------------------------------------------------------ fallback
+_decomposing = threading.local()
+_warned: set = set()
+
+
+def _fallback(op, *args, **kwargs):
+    from torch_tpu.runtime import platform
+
+    platform.get()  # initialises the runtime and registers the kernels
+    kernel = _kernels.get(op)
+    if kernel is not None:
+        return kernel(*args, **kwargs)
+    s = spec(op)
+    if s.is_view and _has(op, "CPU"):
+        return op.redispatch(_CPU, *args, **kwargs)
+    decomposition = _decomposition(op)
+    if decomposition is not None:
+        active = getattr(_decomposing, "ops", None)
+        if active is None:
+            active = _decomposing.ops = set()
+        if op not in active:
+            active.add(op)
+            try:
+                metrics.counts.decompositions += 1
+                metrics.decomposed[str(op)] += 1
+                return decomposition(*args, **kwargs)
+            finally:
+                active.discard(op)
+    return cpu_fallback(op, args, kwargs)
+
+
+def _decomposition(op):
+    from torch._decomp import decomposition_table
+
+    return decomposition_table.get(op)
+
+
+def cpu_fallback(op, args, kwargs):
+    """Run `op` on the CPU with copies of its tpu arguments; write results back."""
+    name = str(op)
+    if config.fallback == "error":
+        raise NotImplementedError(
+            f"The operator '{name}' is not implemented for the 'tpu' device (no lowering and no decomposition), "
+            "and TORCH_TPU_FALLBACK=error forbids running it on the CPU."
+        )
+    metrics.fallbacks[name] += 1
+    if config.fallback == "warn" and name not in _warned:
+        _warned.add(name)
+        warnings.warn(
+            f"The operator '{name}' is not lowered for the 'tpu' device; running it on the CPU "
+            "(slow: copies to and from the host). Set TORCH_TPU_FALLBACK=error to make this an error.",
+            stacklevel=3,
+        )
+    device = None
+    originals = {}
+
+    def to_cpu(x):
+        nonlocal device
+        if isinstance(x, torch.Tensor) and x.device.type == "tpu":
+            device = device or x.device
+            c = x.cpu()
+            originals[id(c)] = x
+            return c
+        if isinstance(x, torch.Generator) and x.device.type == "tpu":
+            return None
+        if isinstance(x, torch.device) and x.type == "tpu":
+            device = device or x
+            return torch.device("cpu")
+        return x
+
+    cpu_args, cpu_kwargs = pytree.tree_map(to_cpu, (args, kwargs))
+    result = op(*cpu_args, **cpu_kwargs)
+    s = spec(op)
+    full = s.normalize(cpu_args, cpu_kwargs)
+    for i in s.writes:
+        for c in (full[i] if isinstance(full[i], (list, tuple)) else [full[i]]):
+            if isinstance(c, torch.Tensor) and id(c) in originals:
+                originals[id(c)].copy_(c)
+    device = device or torch.device("tpu", torch.tpu.current_device())
+
+    def back(x):
+        if isinstance(x, torch.Tensor):
+            if id(x) in originals:
+                return originals[id(x)]
+            return x.to(device)
+        return x
+
+    return pytree.tree_map(back, result)

@@ -1,0 +1,304 @@
+"""One cached program per op signature: view reads + lowering + write-backs.
+
+A signature (the cache key) is a cheap tuple: the op, the device, one entry
+per argument, and one entry per storage slot. Argument entries:
+
+    ("T", dtype, sizes, strides, storage_offset, slot)   a tpu tensor
+    ("C", dtype)                                          a 0-dim CPU tensor (runtime scalar)
+    ("S", type)                                           a runtime Python scalar
+    ("L", (type, ...))                                    a runtime scalar list
+    tuple of "T" entries / None                           a tensor list
+    any hashable value                                    a static argument
+Slot entries are (buffer dtype or None if never written, storage nbytes).
+
+Everything an `OpProgram` needs derives from the key, so equal keys give equal
+programs. Its traced function maps (slot buffers, runtime scalars) to (fresh
+output buffers, updated slot buffers): the strict executor jits it alone; the
+defer-and-fuse executor traces many of them into one program.
+"""
+from __future__ import annotations
+
+import math
+import time
+
+import jax
+import jax.numpy as jnp
+import torch
+from torch._prims_common import elementwise_dtypes
+
+from torch_tpu import metrics
+from torch_tpu.eager import strided
+from torch_tpu.eager.opspec import Arg, OpSpec
+from torch_tpu.ops.registry import Lowering
+from torch_tpu.runtime import dtypes
+
+TENSOR, CPU_SCALAR, SCALAR, SCALAR_LIST = "T", "C", "S", "L"
+RNG_SCALARS = 4  # seed lo/hi, offset lo/hi appended to the runtime scalars
+
+_TENSOR_KINDS = (Arg.TENSOR, Arg.OPT_TENSOR)
+_LIST_KINDS = (Arg.TENSOR_LIST, Arg.OPT_TENSOR_LIST)
+
+
+def tensor_entries(kind, entry) -> list:
+    """The "T" entries inside one argument entry."""
+    if entry is None:
+        return []
+    if kind in _TENSOR_KINDS:
+        return [entry] if entry[0] == TENSOR else []
+    if kind in _LIST_KINDS:
+        return [e for e in entry if e is not None]
+    return []
+
+
+class OutputMeta:
+    """Sizes, strides and dtype of one fresh result (dense strides only)."""
+
+    __slots__ = ("sizes", "strides", "dtype", "nbytes")
+
+    def __init__(self, sizes, strides, dtype):
+        self.sizes = tuple(sizes)
+        strides = tuple(strides)
+        if strides != strided.contiguous_strides(self.sizes) and strided.dense_permutation(self.sizes, strides) is None:
+            strides = strided.contiguous_strides(self.sizes)
+        self.strides = strides
+        self.dtype = dtype
+        self.nbytes = math.prod(self.sizes) * dtype.itemsize
+
+
+class OpProgram:
+    """Everything derived from one signature; `executable` is jitted on first strict use."""
+
+    __slots__ = ("key", "spec", "outputs", "return_counts", "input_slots", "updated_slots", "slot_dtypes", "resize",
+                 "trace", "executable", "device")
+
+    def __init__(self, key, spec, outputs, return_counts, input_slots, updated_slots, slot_dtypes, resize, trace,
+                 device):
+        self.key = key
+        self.spec = spec
+        self.outputs = outputs  # OutputMeta per fresh output (list returns flattened)
+        self.return_counts = return_counts  # number of tensors per fresh list return
+        self.input_slots = input_slots  # slots passed in (never-written slots read as zeros)
+        self.updated_slots = updated_slots  # slots whose buffers the program rewrites
+        self.slot_dtypes = slot_dtypes  # torch dtype of each slot's buffer elements
+        self.resize = resize  # {arg index: sizes}: out= arguments to resize before running
+        self.trace = trace
+        self.executable = None
+        self.device = device
+
+
+def build(key, spec: OpSpec, lowering: Lowering, scalars: list, via_functional: bool) -> OpProgram:
+    """Compile-time work for a new signature: meta run, promotion, trace."""
+    device = key[1]
+    key_args = key[2:2 + spec.n_args]
+    slots = key[2 + spec.n_args]
+
+    # PyTorch's own output metadata and error messages: run the op on meta tensors.
+    meta_args = _rebuild(spec, key_args, scalars, _meta_tensor, lambda v, t: v,
+                         lambda v, dtype: torch.empty((), dtype=dtype, device="meta"), lambda vs, ts: list(vs))
+    if "device" in spec.index:  # factories: build on meta, not on tpu
+        meta_args[spec.index["device"]] = torch.device("meta")
+    outputs, return_counts, resize = _meta_outputs(spec, meta_args, key_args)
+
+    # The arguments the lowering sees: out= arguments are not the functional op's.
+    passed = tuple(i for i in range(spec.n_args) if not (via_functional and spec.is_out and i in spec.writes))
+    compute_dtype = None
+    if lowering.promote is not None:
+        participants = [
+            meta_args[i] for i in passed
+            if meta_args[i] is not None and spec.kinds[i] in (Arg.TENSOR, Arg.OPT_TENSOR, Arg.SCALAR, Arg.OPT_SCALAR)
+            and (lowering.promote_args is None or spec.names[i] in lowering.promote_args)
+        ]
+        compute_dtype, _ = elementwise_dtypes(*participants, type_promotion_kind=lowering.promote.value)
+
+    input_slots = tuple(i for i, (buffer_dtype, _) in enumerate(slots) if buffer_dtype is not None)
+    updated_slots = tuple(sorted({e[5] for i in spec.writes for e in tensor_entries(spec.kinds[i], key_args[i])}))
+    # A never-written slot's buffer takes the dtype of the first tensor viewing it.
+    slot_dtypes = tuple(
+        buffer_dtype if buffer_dtype is not None else next(
+            e[1] for kind, a in zip(spec.kinds, key_args) for e in tensor_entries(kind, a) if e[5] == index
+        )
+        for index, (buffer_dtype, _) in enumerate(slots)
+    )
+    if outputs is None:  # no meta kernel: let JAX tell the shapes (contiguous outputs)
+        outputs, return_counts = _probe_outputs(spec, lowering, key_args, slots, slot_dtypes, passed, input_slots,
+                                                updated_slots, compute_dtype, scalars)
+    trace = _make_trace(spec, lowering, key_args, slots, slot_dtypes, passed, input_slots, updated_slots, outputs,
+                        compute_dtype)
+    return OpProgram(key, spec, outputs, return_counts, input_slots, updated_slots, slot_dtypes, resize, trace, device)
+
+
+def _meta_tensor(entry):
+    return torch.empty_strided(entry[2], entry[3], dtype=entry[1], device="meta")
+
+
+def _rebuild(spec: OpSpec, key_args, scalars, make_tensor, make_scalar, make_cpu, make_list) -> list:
+    """Turn key entries back into call arguments with the given constructors."""
+    out = []
+    position = 0
+    for kind, entry in zip(spec.kinds, key_args):
+        if entry is None or kind == Arg.GENERATOR:
+            out.append(None)
+        elif kind in _TENSOR_KINDS:
+            if entry[0] == CPU_SCALAR:
+                out.append(make_cpu(scalars[position], entry[1]))
+                position += 1
+            elif entry[0] == SCALAR:  # a wrapped Python number
+                out.append(make_scalar(scalars[position], entry[1]))
+                position += 1
+            else:
+                out.append(make_tensor(entry))
+        elif kind in _LIST_KINDS:
+            out.append([None if e is None else make_tensor(e) for e in entry])
+        elif kind in (Arg.SCALAR, Arg.OPT_SCALAR) and type(entry) is tuple and entry[0] == SCALAR:
+            out.append(make_scalar(scalars[position], entry[1]))
+            position += 1
+        elif kind == Arg.SCALAR_LIST and type(entry) is tuple and entry and entry[0] == SCALAR_LIST:
+            n = len(entry[1])
+            out.append(make_list(scalars[position:position + n], entry[1]))
+            position += n
+        elif kind in (Arg.SCALAR, Arg.OPT_SCALAR) and type(entry) is tuple:  # static scalar ("V", value)
+            out.append(entry[1])
+        else:
+            out.append(entry)
+    return out
+
+
+def _is_meta_gap(err: Exception) -> bool:
+    text = str(err).lower()
+    return isinstance(err, NotImplementedError) or ("meta" in text and ("not implemented" in text or "fake impl" in text))
+
+
+def _meta_outputs(spec: OpSpec, meta_args, key_args):
+    """(OutputMeta per fresh result or None if meta is unsupported, list-return counts, out= resizes)."""
+    try:
+        result = spec.call(meta_args)
+    except Exception as err:
+        if _is_meta_gap(err):
+            return None, None, {}
+        raise
+    results = (result,) if len(spec.returns) == 1 else tuple(result or ())
+    outputs, counts = [], []
+    for (kind, is_list), r in zip(spec.returns, results):
+        if kind != "fresh":
+            continue
+        if is_list:
+            outputs.extend(OutputMeta(t.shape, t.stride(), t.dtype) for t in r)
+            counts.append(len(r))
+        else:
+            outputs.append(OutputMeta(r.shape, r.stride(), r.dtype))
+    resize = {}
+    for i in spec.writes:
+        entry = key_args[i]
+        if spec.kinds[i] in _TENSOR_KINDS and entry is not None and tuple(meta_args[i].shape) != entry[2]:
+            resize[i] = tuple(meta_args[i].shape)
+    return outputs, counts, resize
+
+
+def _probe_outputs(spec, lowering, key_args, slots, slot_dtypes, passed, input_slots, updated_slots, compute_dtype,
+                   scalars):
+    probe = _make_trace(spec, lowering, key_args, slots, slot_dtypes, passed, input_slots, updated_slots, None,
+                        compute_dtype, flatten=False)
+    slot_shapes = [
+        jax.ShapeDtypeStruct((nbytes // slot_dtypes[i].itemsize,), dtypes.to_jax(slot_dtypes[i]))
+        for i, (_, nbytes) in enumerate(slots) if i in input_slots
+    ]
+    fresh, _ = jax.eval_shape(probe, slot_shapes, list(scalars))
+    outputs, counts = [], []
+    for (kind, is_list), value in zip([r for r in spec.returns if r[0] == "fresh"], fresh):
+        values = value if is_list else [value]
+        if is_list:
+            counts.append(len(values))
+        for v in values:
+            sizes = tuple(v.shape)
+            outputs.append(OutputMeta(sizes, strided.contiguous_strides(sizes), dtypes.to_torch(v.dtype)))
+    return outputs, counts
+
+
+def _make_trace(spec, lowering, key_args, slots, slot_dtypes, passed, input_slots, updated_slots, outputs, compute_dtype,
+                flatten=True):
+    fn = lowering.fn
+    scope = str(spec.op)
+    writes = spec.writes
+    n_fresh = spec.n_fresh
+    jax_compute = dtypes.to_jax(compute_dtype) if compute_dtype is not None else None
+    promoted = frozenset(
+        i for i in passed
+        if lowering.promote is not None and (lowering.promote_args is None or spec.names[i] in lowering.promote_args)
+    )
+    slot_layout = [  # (jax dtype, length) of each slot's buffer
+        (dtypes.to_jax(dtype), nbytes // dtype.itemsize) for dtype, (_, nbytes) in zip(slot_dtypes, slots)
+    ]
+    n_rng = RNG_SCALARS if lowering.rng else 0
+
+    def trace(slot_arrays, scalars):
+        with jax.named_scope(scope):
+            bufs = [None] * len(slot_layout)
+            for index, array in zip(input_slots, slot_arrays):
+                bufs[index] = array
+            for index, (jdtype, length) in enumerate(slot_layout):
+                if bufs[index] is None:
+                    bufs[index] = jnp.zeros((length,), jdtype)
+
+            def read(entry):
+                _, dtype, sizes, strides, offset, slot = entry
+                return strided.read(strided.reinterpret(bufs[slot], dtypes.to_jax(dtype)), sizes, strides, offset)
+
+            call_scalars = scalars[: len(scalars) - n_rng]
+            args = _rebuild(spec, key_args, call_scalars, read, lambda v, t: v,
+                            lambda v, dtype: jnp.asarray(v, dtypes.to_jax(dtype)), lambda vs, ts: list(vs))
+            if jax_compute is not None:
+                args = [_cast(a, jax_compute) if i in promoted else a for i, a in enumerate(args)]
+            kwargs = {"key": _rng_key(scalars[-RNG_SCALARS:])} if n_rng else {}
+            result = fn(*(args[i] for i in passed), **kwargs)
+            results = _as_list(result, n_fresh + len(writes), spec)
+
+            if not flatten:  # shape probe: the fresh results as the lowering made them
+                return results[:n_fresh], []
+            fresh = []
+            for value in results[:n_fresh]:
+                fresh.extend(value if isinstance(value, (list, tuple)) else [value])
+            fresh_buffers = [
+                strided.to_flat(jnp.broadcast_to(jnp.asarray(v).astype(dtypes.to_jax(m.dtype)), m.sizes), m.strides)
+                for v, m in zip(fresh, outputs)
+            ]
+            for arg_index, value in zip(writes, results[n_fresh:]):
+                targets = tensor_entries(spec.kinds[arg_index], key_args[arg_index])
+                values = value if isinstance(value, (list, tuple)) else [value]
+                for (_, dtype, sizes, strides, offset, slot), v in zip(targets, values):
+                    buf = strided.reinterpret(bufs[slot], dtypes.to_jax(dtype))
+                    buf = strided.write(buf, jnp.asarray(v), sizes, strides, offset)
+                    bufs[slot] = strided.reinterpret(buf, slot_layout[slot][0])
+            return fresh_buffers, [bufs[i] for i in updated_slots]
+
+    return trace
+
+
+def _cast(value, dtype):
+    if value is None:
+        return None
+    if isinstance(value, list):
+        return [_cast(v, dtype) for v in value]
+    return jnp.asarray(value).astype(dtype) if hasattr(value, "dtype") else jnp.asarray(value, dtype)
+
+
+def _as_list(result, expected: int, spec: OpSpec) -> list:
+    if expected == 1:
+        return [result]
+    if not isinstance(result, (tuple, list)) or len(result) != expected:
+        raise RuntimeError(f"lowering of {spec.name} returned {type(result).__name__}, expected {expected} results")
+    return list(result)
+
+
+def _rng_key(parts):
+    seed_lo, seed_hi, offset_lo, offset_hi = (jnp.asarray(p).astype(jnp.uint32) for p in parts)
+    key = jax.random.wrap_key_data(jnp.stack([seed_hi, seed_lo]), impl="threefry2x32")
+    return jax.random.fold_in(jax.random.fold_in(key, offset_lo), offset_hi)
+
+
+def compile_program(program: OpProgram, sharding, slot_arrays, scalars):
+    """jit the program for its device and count the compilation."""
+    start = time.perf_counter()
+    compiled = jax.jit(program.trace, out_shardings=sharding).lower(slot_arrays, scalars).compile()
+    metrics.record_compile(time.perf_counter() - start)
+    program.executable = compiled
+    return compiled

@@ -1,0 +1,94 @@
+"""Kernels that are not a lowering: copies across devices, resize_, item, set_().
+
+Everything here either crosses the host/device boundary or changes which
+storage a tensor uses; same-device value computation still goes through the
+executor (copy_ between tpu tensors is the derived in-place of `aten.copy`).
+"""
+from __future__ import annotations
+
+import torch
+
+from torch_tpu.eager import strided
+from torch_tpu.eager.opspec import spec
+from torch_tpu.runtime import transfer
+
+aten = torch.ops.aten
+_CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+
+
+def _copy_same_device(dst, src, non_blocking=False):
+    from torch_tpu.eager.executor import execute
+    from torch_tpu.ops import registry
+
+    return execute(spec(aten.copy_.default), registry.get(aten.copy.default), True, (dst, src, non_blocking), {})
+
+
+def copy_(dst: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
+    if dst.device.type == "tpu":
+        if src.device.type == "tpu":
+            if src.device != dst.device:
+                src = transfer.to_device(src, dst.device.index)
+        elif src.device.type == "cpu":
+            src = transfer.upload(src, dst.device.index)
+        else:
+            raise RuntimeError(f"copy_ from {src.device} to {dst.device} is not supported")
+        return _copy_same_device(dst, src, non_blocking)
+    if dst.device.type != "cpu":
+        raise RuntimeError(f"copy_ from {src.device} to {dst.device} is not supported")
+    # NOTE: device -> host is a materialization point; non_blocking is not honoured.
+    host = transfer.download(src)
+    return dst.copy_(host)
+
+
+def _local_scalar_dense(t: torch.Tensor):
+    return transfer.download(t).item()
+
+
+def resize_(t: torch.Tensor, size, memory_format=None):
+    size = tuple(size)
+    numel = 1
+    for s in size:
+        numel *= s
+    needed = (t.storage_offset() + numel) * t.element_size()
+    if needed <= t.untyped_storage().nbytes():
+        return aten.resize_.default.redispatch(_CPU, t, size, memory_format=memory_format)
+    # Grow: a new storage holding the old bytes (PyTorch keeps them), then re-point t at it.
+    old_bytes = t.untyped_storage().nbytes()
+    fresh = torch.empty(needed // t.element_size(), dtype=t.dtype, device=t.device)
+    if old_bytes:
+        old = torch.empty(0, dtype=t.dtype, device=t.device).set_(
+            t.untyped_storage(), 0, (old_bytes // t.element_size(),), (1,)
+        )
+        fresh[: old.numel()].copy_(old)
+    if memory_format is None or memory_format == torch.contiguous_format:
+        strides = strided.contiguous_strides(size)
+    else:
+        strides = torch.empty(size, device="meta", memory_format=memory_format).stride()
+    return t.set_(fresh.untyped_storage(), t.storage_offset(), size, strides)
+
+
+def set_empty(t: torch.Tensor):
+    fresh = torch.empty(0, dtype=t.dtype, device=t.device)
+    return t.set_(fresh.untyped_storage(), 0, (0,), (1,))
+
+
+def _copy_from(src, dst, non_blocking=False):
+    return copy_(dst, src, non_blocking)
+
+
+def kernels() -> dict:
+    return {
+        aten.copy_.default: copy_,
+        aten._copy_from.default: _copy_from,
+        aten._local_scalar_dense.default: _local_scalar_dense,
+        aten.resize_.default: resize_,
+        aten.set_.default: set_empty,
+        aten.set_.source_Storage: lambda t, s: aten.set_.source_Storage.redispatch(_CPU, t, s),
+        aten.set_.source_Storage_storage_offset: lambda t, s, o, size, stride=(): (
+            aten.set_.source_Storage_storage_offset.redispatch(_CPU, t, s, o, size, stride)
+        ),
+        aten.set_.source_Tensor: lambda t, s: aten.set_.source_Tensor.redispatch(_CPU, t, s),
+        aten.set_.source_Tensor_storage_offset: lambda t, s, o, size, stride=(): (
+            aten.set_.source_Tensor_storage_offset.redispatch(_CPU, t, s, o, size, stride)
+        ),
+    }

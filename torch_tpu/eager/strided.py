@@ -1,0 +1,180 @@
+"""Strided views of flat storage buffers, inside traced programs.
+
+A tpu storage's buffer is a flat 1-D array; a tensor is (sizes, strides,
+offset) over it, exactly like PyTorch's CPU/CUDA tensors. These pure JAX
+functions read such a view into a dense array and write a dense array back
+into the buffer. They run inside the op's program, so XLA fuses the view math
+into the op (no eager reshapes, no host round trips).
+
+Plans, fastest first: contiguous (slice + reshape); non-overlapping strides
+that nest (pad + reshape + slice + transpose: still no gather); anything else
+(overlapping `as_strided`, `unfold`) gathers with iota-computed indices.
+"""
+from __future__ import annotations
+
+import math
+
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+
+def contiguous_strides(sizes) -> tuple[int, ...]:
+    strides, running = [], 1
+    for size in reversed(sizes):
+        strides.append(running)
+        running *= max(size, 1)
+    return tuple(reversed(strides))
+
+
+def is_contiguous(sizes, strides) -> bool:
+    expected = 1
+    for size, stride in zip(reversed(sizes), reversed(strides)):
+        if size != 1 and stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def dense_permutation(sizes, strides) -> tuple[int, ...] | None:
+    """The dim order (outermost first) if the view is dense in some permuted order, else None."""
+    order = sorted(range(len(sizes)), key=lambda d: (-strides[d], d))
+    expected = 1
+    for d in reversed(order):
+        if sizes[d] != 1 and strides[d] != expected:
+            return None
+        expected *= sizes[d]
+    return tuple(order)
+
+
+def _nested_plan(sizes, strides):
+    """Dims (index, size, stride) sorted outer->inner if the strides nest, else None."""
+    dims = sorted(
+        ((d, sizes[d], strides[d]) for d in range(len(sizes)) if sizes[d] > 1 and strides[d] != 0),
+        key=lambda t: -t[2],
+    )
+    for (_, _, outer_stride), (_, inner_size, inner_stride) in zip(dims, dims[1:]):
+        if outer_stride % inner_stride or outer_stride < inner_stride * inner_size:
+            return None
+    return dims
+
+
+def _window(buf, offset: int, length: int):
+    """buf[offset : offset + length], zero-padded past the end."""
+    available = buf.shape[0] - offset
+    if length <= available:
+        return lax.slice(buf, (offset,), (offset + length,))
+    return jnp.pad(lax.slice(buf, (offset,), (buf.shape[0],)), (0, length - available))
+
+
+def _block_shape(dims):
+    shape = [dims[0][1]]
+    for (_, _, outer_stride), (_, _, inner_stride) in zip(dims, dims[1:]):
+        shape.append(outer_stride // inner_stride)
+    shape.append(dims[-1][2])
+    return shape
+
+
+def _gather_indices(sizes, strides, offset):
+    index = jnp.full(tuple(sizes), offset, dtype=jnp.int64)
+    for d, (size, stride) in enumerate(zip(sizes, strides)):
+        if size > 1 and stride:
+            index = index + lax.broadcasted_iota(jnp.int64, tuple(sizes), d) * stride
+    return index
+
+
+def read(buf, sizes, strides, offset):
+    """The dense value of the view (sizes, strides, offset) of flat `buf`."""
+    sizes, strides = tuple(sizes), tuple(strides)
+    numel = math.prod(sizes)
+    if numel == 0:
+        return jnp.zeros(sizes, buf.dtype)
+    if is_contiguous(sizes, strides):
+        if offset == 0 and numel == buf.shape[0]:
+            return buf.reshape(sizes)
+        return lax.slice(buf, (offset,), (offset + numel,)).reshape(sizes)
+    dims = _nested_plan(sizes, strides)
+    if dims is None:
+        return buf[_gather_indices(sizes, strides, offset)]
+    if not dims:  # every dim has size 1 or stride 0
+        return jnp.broadcast_to(lax.slice(buf, (offset,), (offset + 1,)).reshape(()), sizes)
+    block = _window(buf, offset, dims[0][1] * dims[0][2]).reshape(_block_shape(dims))
+    value = lax.slice(block, (0,) * block.ndim, tuple(size for _, size, _ in dims) + (1,))
+    value = value.reshape(tuple(size for _, size, _ in dims))
+    # `value` is in stride order; put the dims back in the view's order, then
+    # restore size-1 dims and broadcast the stride-0 ones.
+    order = [d for d, _, _ in dims]
+    value = jnp.transpose(value, np.argsort(order)) if order != sorted(order) else value
+    kept = sorted(order)
+    shape = [sizes[d] if d in kept else 1 for d in range(len(sizes))]
+    return jnp.broadcast_to(value.reshape(shape), sizes)
+
+
+def write(buf, value, sizes, strides, offset):
+    """`buf` with the view (sizes, strides, offset) replaced by `value`."""
+    sizes, strides = tuple(sizes), tuple(strides)
+    value = jnp.broadcast_to(value.astype(buf.dtype), sizes)
+    numel = math.prod(sizes)
+    if numel == 0:
+        return buf
+    if is_contiguous(sizes, strides):
+        if offset == 0 and numel == buf.shape[0]:
+            return value.reshape(-1)
+        return lax.dynamic_update_slice(buf, value.reshape(-1), (offset,))
+    dims = _nested_plan(sizes, strides)
+    if dims is None:
+        return buf.at[_gather_indices(sizes, strides, offset)].set(value)
+    # NOTE(torch-vs-xla): writing through a stride-0 (expanded) dim is undefined
+    # in PyTorch; we write element 0 of that dim.
+    picked = tuple(slice(None) if (sizes[d] > 1 and strides[d] != 0) else slice(0, 1) for d in range(len(sizes)))
+    value = value[picked]
+    order = [d for d, _, _ in dims]
+    value = value.reshape(tuple(sizes[d] for d in sorted(order)))
+    # Inverse of read's permutation: from the view's dim order to stride order.
+    value = jnp.transpose(value, np.argsort(np.argsort(order))) if order != sorted(order) else value
+    value = value.reshape(tuple(size for _, size, _ in dims) + (1,))
+    length = dims[0][1] * dims[0][2]
+    end = offset + length
+    padded = buf if end <= buf.shape[0] else jnp.pad(buf, (0, end - buf.shape[0]))
+    block = lax.slice(padded, (offset,), (end,)).reshape(_block_shape(dims))
+    block = lax.dynamic_update_slice(block, value, (0,) * block.ndim)
+    padded = lax.dynamic_update_slice(padded, block.reshape(-1), (offset,))
+    return padded if padded.shape[0] == buf.shape[0] else padded[: buf.shape[0]]
+
+
+def to_flat(value, strides) -> "jnp.ndarray":
+    """A dense value laid out in a fresh buffer with the given (dense) strides."""
+    sizes = value.shape
+    if is_contiguous(sizes, strides):
+        return value.reshape(-1)
+    order = dense_permutation(sizes, strides)
+    return jnp.transpose(value, order).reshape(-1)
+
+
+def reinterpret(buf, dtype):
+    """The same bytes as a flat array of `dtype` (PyTorch's view(dtype) at storage level)."""
+    src = buf.dtype
+    if src == dtype:
+        return buf
+    if src == jnp.bool_:
+        buf, src = buf.astype(jnp.uint8), jnp.dtype(jnp.uint8)
+    if dtype == jnp.bool_:
+        return reinterpret(buf, jnp.uint8) != 0
+    if jnp.issubdtype(src, jnp.complexfloating):
+        part = jnp.float32 if src == jnp.complex64 else jnp.float64
+        buf = jnp.stack([jnp.real(buf), jnp.imag(buf)], -1).reshape(-1).astype(part)
+        return reinterpret(buf, dtype)
+    if jnp.issubdtype(dtype, jnp.complexfloating):
+        part = jnp.float32 if dtype == jnp.complex64 else jnp.float64
+        pairs = reinterpret(buf, part).reshape(-1, 2)
+        return lax.complex(pairs[:, 0], pairs[:, 1])
+    src_size, dst_size = jnp.dtype(src).itemsize, jnp.dtype(dtype).itemsize
+    if src_size == dst_size:
+        return lax.bitcast_convert_type(buf, dtype)
+    raw = lax.bitcast_convert_type(buf, jnp.uint8).reshape(-1) if src_size > 1 else lax.bitcast_convert_type(buf, jnp.uint8)
+    pad = (-raw.shape[0]) % dst_size
+    if pad:
+        raw = jnp.pad(raw, (0, pad))
+    if dst_size == 1:
+        return lax.bitcast_convert_type(raw, dtype)
+    return lax.bitcast_convert_type(raw.reshape(-1, dst_size), dtype)

@@ -1,0 +1,87 @@
+"""Counters for everything the backend does, and a readable report.
+
+Counters are plain integer attributes (an increment is one attribute store on
+the hot path). `report()` renders them; `counters()` returns a dict; `reset()`
+zeroes them. Other subsystems (compile cache, precision) add report sections
+with `add_section`.
+"""
+from __future__ import annotations
+
+import collections
+from typing import Callable
+
+
+class _Counters:
+    __slots__ = (
+        "ops_executed", "programs_compiled", "compile_seconds", "cache_hits", "cache_misses",
+        "h2d_transfers", "h2d_bytes", "d2h_transfers", "d2h_bytes", "d2d_transfers", "d2d_bytes",
+        "decompositions", "materializations",
+    )
+
+    def __init__(self):
+        for name in self.__slots__:
+            setattr(self, name, 0)
+
+
+counts = _Counters()
+fallbacks: collections.Counter = collections.Counter()  # CPU fallbacks by op name
+decomposed: collections.Counter = collections.Counter()  # decompositions by op name
+_sections: dict[str, Callable[[], dict]] = {}
+
+
+def record_compile(seconds: float) -> None:
+    counts.programs_compiled += 1
+    counts.compile_seconds += seconds
+
+
+def add_section(name: str, provider: Callable[[], dict]) -> None:
+    """Add a section (name -> {label: value}) to the report, e.g. the compile cache's."""
+    _sections[name] = provider
+
+
+def counters() -> dict:
+    """All counters as a flat dict (fallbacks as 'fallback::<op>')."""
+    out = {name: getattr(counts, name) for name in counts.__slots__}
+    out.update({f"fallback::{op}": n for op, n in fallbacks.items()})
+    out.update({f"decomposed::{op}": n for op, n in decomposed.items()})
+    return out
+
+
+def reset() -> None:
+    """Zero every counter."""
+    counts.__init__()
+    fallbacks.clear()
+    decomposed.clear()
+
+
+def _bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{n} B"
+        n /= 1024
+    return f"{n} B"
+
+
+def report() -> str:
+    """A human-readable report of all counters."""
+    c = counts
+    lines = ["torch_tpu metrics", "-----------------"]
+    rows = [
+        ("ops executed", f"{c.ops_executed}"),
+        ("programs compiled", f"{c.programs_compiled} ({c.compile_seconds:.2f} s compiling)"),
+        ("program cache hits / misses", f"{c.cache_hits} / {c.cache_misses}"),
+        ("host->device transfers", f"{c.h2d_transfers} ({_bytes(c.h2d_bytes)})"),
+        ("device->host transfers", f"{c.d2h_transfers} ({_bytes(c.d2h_bytes)})"),
+        ("device->device transfers", f"{c.d2d_transfers} ({_bytes(c.d2d_bytes)})"),
+        ("materializations", f"{c.materializations}"),
+        ("decompositions", f"{c.decompositions}"),
+        ("CPU fallbacks", f"{sum(fallbacks.values())}"),
+    ]
+    for section, provider in _sections.items():
+        for label, value in provider().items():
+            rows.append((f"{section}: {label}", f"{value}"))
+    width = max(len(label) for label, _ in rows)
+    lines += [f"{label:<{width}}  {value}" for label, value in rows]
+    for op, n in sorted(fallbacks.items(), key=lambda kv: -kv[1]):
+        lines.append(f"  fallback {op}: {n}")
+    return "\n".join(lines)

@@ -1,0 +1,92 @@
+"""The lowering table: one pure JAX function per ATen op overload.
+
+A lowering takes JAX arrays (tensor arguments, already read from their
+storages and promoted) and Python values (static arguments), in the op's
+schema order, and returns JAX arrays. It never touches torch tensors; the
+executors convert at the boundary. The same table serves the strict and
+defer-and-fuse executors and the torch.compile backend.
+
+Mutating ops are not registered here: in-place and out= variants are derived
+from the functional op's schema (eager/opspec.py). A lowering registered on a
+mutating op directly follows PyTorch's functionalization convention: it
+returns the op's fresh results, then one new value per written argument.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND as _Kind
+
+aten = torch.ops.aten
+
+
+class Promote(enum.Enum):
+    """Named type-promotion policies (PyTorch's elementwise kinds)."""
+
+    DEFAULT = _Kind.DEFAULT
+    INT_TO_FLOAT = _Kind.INT_TO_FLOAT
+    ALWAYS_BOOL = _Kind.ALWAYS_BOOL
+    COMPLEX_TO_FLOAT = _Kind.COMPLEX_TO_FLOAT
+    BOOL_TO_LONG = _Kind.BOOL_TO_LONG
+    NO_OPMATH = _Kind.NO_OPMATH
+
+
+@dataclass(frozen=True, eq=False)
+class Lowering:
+    op: torch._ops.OpOverload
+    fn: Callable
+    # Cast the promoted tensor/scalar arguments to the computation dtype first.
+    promote: Promote | None = None
+    # Names of the arguments that take part in promotion (default: all tensors and scalars).
+    promote_args: tuple[str, ...] | None = None
+    # Bake Scalar arguments into the program instead of passing them at run time.
+    static_scalars: bool = False
+    # The lowering takes a `key=` (jax.random key) derived from the device generator.
+    rng: bool = False
+    # The program depends on the float32 matmul precision (part of the cache key).
+    precision: bool = False
+
+
+_TABLE: dict[torch._ops.OpOverload, Lowering] = {}
+
+
+def register(op: torch._ops.OpOverload, fn: Callable, **options) -> Lowering:
+    if not isinstance(op, torch._ops.OpOverload):
+        raise TypeError(f"lowerings register OpOverloads (e.g. aten.add.Tensor), got {op!r}")
+    if op in _TABLE:
+        raise RuntimeError(f"a lowering for {op} is already registered")
+    name = op._schema.name
+    overload_name = f"{name}.{op._overloadname}" if op._overloadname != "default" else name
+    if torch._C._dispatch_has_kernel_for_dispatch_key(overload_name, "CompositeImplicitAutograd"):
+        raise RuntimeError(f"{op} is CompositeImplicitAutograd: it decomposes before reaching 'tpu'; lower its parts")
+    lowering = Lowering(op, fn, **options)
+    _TABLE[op] = lowering
+    return lowering
+
+
+def lowers(*ops, **options):
+    """Decorator: register one function as the lowering of several overloads."""
+
+    def decorate(fn):
+        for op in ops:
+            register(op, fn, **options)
+        return fn
+
+    return decorate
+
+
+def lower_table(table: dict, **options) -> None:
+    """Register one-liners: {op: jax_function}."""
+    for op, fn in table.items():
+        register(op, fn, **options)
+
+
+def get(op) -> Lowering | None:
+    return _TABLE.get(op)
+
+
+def table() -> dict:
+    return dict(_TABLE)

@@ -1,0 +1,85 @@
+"""torch <-> JAX/NumPy dtype mapping and the per-platform dtype policy."""
+from __future__ import annotations
+
+import functools
+
+import ml_dtypes
+import numpy as np
+import torch
+
+_TORCH_TO_NUMPY = {
+    torch.float32: np.dtype(np.float32),
+    torch.float64: np.dtype(np.float64),
+    torch.float16: np.dtype(np.float16),
+    torch.bfloat16: np.dtype(ml_dtypes.bfloat16),
+    torch.int8: np.dtype(np.int8),
+    torch.int16: np.dtype(np.int16),
+    torch.int32: np.dtype(np.int32),
+    torch.int64: np.dtype(np.int64),
+    torch.uint8: np.dtype(np.uint8),
+    torch.uint16: np.dtype(np.uint16),
+    torch.uint32: np.dtype(np.uint32),
+    torch.uint64: np.dtype(np.uint64),
+    torch.bool: np.dtype(np.bool_),
+    torch.complex64: np.dtype(np.complex64),
+    torch.complex128: np.dtype(np.complex128),
+    torch.float8_e4m3fn: np.dtype(ml_dtypes.float8_e4m3fn),
+    torch.float8_e5m2: np.dtype(ml_dtypes.float8_e5m2),
+}
+_NUMPY_TO_TORCH = {v: k for k, v in _TORCH_TO_NUMPY.items()}
+
+# torch dtypes that torch.Tensor.numpy() cannot express (NumPy gets them from ml_dtypes).
+_NO_NUMPY = {torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2}
+
+# NOTE(torch-vs-xla): TPUs have no 64-bit floats; XLA:CPU and XLA:GPU do.
+_UNSUPPORTED = {"tpu": {torch.float64, torch.complex128}}
+
+
+def to_numpy(dtype: torch.dtype) -> np.dtype:
+    try:
+        return _TORCH_TO_NUMPY[dtype]
+    except KeyError:
+        raise TypeError(f"tpu tensors do not support dtype {dtype}") from None
+
+
+to_jax = to_numpy  # JAX accepts NumPy (and ml_dtypes) dtypes directly
+
+
+def to_torch(dtype) -> torch.dtype:
+    return _NUMPY_TO_TORCH[np.dtype(dtype)]
+
+
+@functools.cache
+def check_supported(dtype: torch.dtype, platform: str) -> None:
+    """Raise a clear TypeError for a dtype the platform cannot hold."""
+    to_numpy(dtype)
+    if dtype in _UNSUPPORTED.get(platform, ()):
+        raise TypeError(
+            f"dtype {dtype} is not supported on the '{platform}' platform backing device 'tpu' "
+            f"(TPUs have no 64-bit floating point); use torch.float32 or torch.bfloat16"
+        )
+
+
+def itemsize(dtype: torch.dtype) -> int:
+    return dtype.itemsize
+
+
+def tensor_to_numpy(t: torch.Tensor) -> np.ndarray:
+    """A contiguous CPU tensor's bytes as a NumPy array of the matching dtype (no copy)."""
+    np_dtype = to_numpy(t.dtype)
+    if t.dtype in _NO_NUMPY:
+        raw = t.view(torch.uint8) if t.dim() > 0 else t.reshape(1).view(torch.uint8)
+        return raw.numpy().view(np_dtype).reshape(t.shape)
+    return t.numpy()
+
+
+def numpy_to_tensor(a: np.ndarray) -> torch.Tensor:
+    """A NumPy array as a CPU tensor (shares memory when it can)."""
+    dtype = to_torch(a.dtype)
+    a = np.ascontiguousarray(a)
+    if not a.flags.writeable:
+        a = a.copy()
+    if dtype in _NO_NUMPY:
+        flat = torch.from_numpy(a.reshape(-1).view(np.uint8))
+        return flat.view(dtype).reshape(a.shape)
+    return torch.from_numpy(a)

@@ -1,0 +1,42 @@
+"""Storage-level truth: one device buffer per PyTorch storage.
+
+A tpu storage is identified by its (fake, unique) data pointer, handed out by
+the native allocator. This module maps that address to the storage's device
+buffer: a flat 1-D jax.Array holding the storage's bytes as elements of some
+dtype. Views never own buffers; they read and write their storage's buffer.
+When PyTorch frees a storage, the native allocator queues its address and
+`drain()` drops the buffer.
+
+Owns: the address -> buffer map, reinterpretation of a buffer's element type.
+Does not own: memory accounting (native allocator) or programs (eager/).
+"""
+from __future__ import annotations
+
+import torch
+
+from torch_tpu import _native
+
+# address -> (value, torch dtype of the value's elements). The value is a
+# jax.Array, or an executor's pending value (DeferAndFuse). A storage that was
+# allocated but never written has no entry: it reads as zeros.
+buffers: dict[int, tuple] = {}
+
+_drain_freed = _native.drain_freed
+
+
+def drain() -> None:
+    """Drop the buffers of storages PyTorch has freed since the last call."""
+    freed = _drain_freed()
+    if freed:
+        pop = buffers.pop
+        for address in freed:
+            pop(address, None)
+
+
+def live_buffer_count() -> int:
+    drain()
+    return len(buffers)
+
+
+def storage_address(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()

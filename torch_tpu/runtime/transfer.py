@@ -1,0 +1,80 @@
+"""Host <-> device and device <-> device copies of whole tensors.
+
+Owns: turning a CPU tensor into a fresh tpu tensor (upload), a tpu tensor into
+a CPU tensor (download: a materialization point), and moving a tpu tensor's
+value to another tpu device. Copies into existing views go through the
+executor's `copy_` program, which writes the view in place.
+"""
+from __future__ import annotations
+
+import jax
+import numpy as np
+import torch
+
+from torch_tpu import _native, metrics
+from torch_tpu.eager import strided
+from torch_tpu.runtime import dtypes, platform, storage
+
+aten = torch.ops.aten
+
+
+def _fresh(array, sizes, dtype: torch.dtype, device: int) -> torch.Tensor:
+    t, address = _native.new_tensor(sizes, strided.contiguous_strides(sizes), dtype, device)
+    storage.buffers[address] = (array, dtype)
+    return t
+
+
+def upload(src: torch.Tensor, device: int) -> torch.Tensor:
+    """A new contiguous tpu tensor on `device` holding a CPU tensor's value."""
+    rt = platform.get()
+    dtypes.check_supported(src.dtype, rt.platform)
+    src = src.detach().resolve_conj().resolve_neg().contiguous()
+    # Copy: the device buffer must not alias host memory the user may mutate.
+    host = np.array(dtypes.tensor_to_numpy(src).reshape(-1), copy=True)
+    array = jax.device_put(host, rt.devices[device])
+    metrics.counts.h2d_transfers += 1
+    metrics.counts.h2d_bytes += host.nbytes
+    return _fresh(array, tuple(src.shape), src.dtype, device)
+
+
+def dense_array(t: torch.Tensor):
+    """The value of a tpu tensor as a dense device array of its shape (or None if never written)."""
+    storage.drain()
+    address = t.untyped_storage().data_ptr()
+    entry = storage.buffers.get(address)
+    if entry is None:
+        return None
+    array, buffer_dtype = entry
+    whole = (
+        buffer_dtype == t.dtype and t.storage_offset() == 0 and t.is_contiguous()
+        and t.numel() == array.shape[0]
+    )
+    if not whole:
+        t = aten.clone.default(t, memory_format=torch.contiguous_format)
+        array = storage.buffers[t.untyped_storage().data_ptr()][0]
+    return array.reshape(tuple(t.shape))
+
+
+def download(t: torch.Tensor) -> torch.Tensor:
+    """A tpu tensor's value as a new CPU tensor (waits for the device)."""
+    if t.numel() == 0:
+        return torch.empty(tuple(t.shape), dtype=t.dtype)
+    array = dense_array(t)
+    if array is None:  # never written: PyTorch would show uninitialised memory
+        return torch.zeros(tuple(t.shape), dtype=t.dtype)
+    host = np.asarray(array)
+    metrics.counts.d2h_transfers += 1
+    metrics.counts.d2h_bytes += host.nbytes
+    metrics.counts.materializations += 1
+    return dtypes.numpy_to_tensor(host)
+
+
+def to_device(t: torch.Tensor, device: int) -> torch.Tensor:
+    """A new contiguous tpu tensor on `device` with the value of tpu tensor `t`."""
+    array = dense_array(t)
+    if array is None:
+        return torch.zeros(tuple(t.shape), dtype=t.dtype, device=torch.device("tpu", device))
+    moved = jax.device_put(array.reshape(-1), platform.get().devices[device])
+    metrics.counts.d2d_transfers += 1
+    metrics.counts.d2d_bytes += t.numel() * t.element_size()
+    return _fresh(moved, tuple(t.shape), t.dtype, device)
