@@ -15,7 +15,7 @@ class _Counters:
     __slots__ = (
         "ops_executed", "programs_compiled", "compile_seconds", "cache_hits", "cache_misses",
         "h2d_transfers", "h2d_bytes", "d2h_transfers", "d2h_bytes", "d2d_transfers", "d2d_bytes",
-        "decompositions", "materializations",
+        "decompositions", "materializations", "synchronous_waits",
     )
 
     def __init__(self):

@@ -13,6 +13,8 @@
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/csrc/Generator.h>
+#include <torch/csrc/DynamicTypes.h>
+#include <torch/csrc/autograd/python_variable.h>
 
 #include <atomic>
 #include <mutex>
@@ -252,6 +254,164 @@ py::tuple new_tensor(c10::IntArrayRef sizes, c10::IntArrayRef strides, at::Scala
   return py::make_tuple(std::move(t), address);
 }
 
+// ---------------------------------------------------------------- signatures
+// The executor's hot path (see eager/program.py for the key layout). Handles
+// the common case: tpu tensors on one device, Python scalars, static values.
+// Anything else (CPU tensors, mixed devices, odd types) returns None and the
+// Python slow path handles it, raising PyTorch-style errors where needed.
+enum ArgKind { kTensor = 0, kOptTensor, kTensorList, kOptTensorList, kScalar, kOptScalar, kScalarList, kGenerator,
+               kStatic };
+
+struct SignatureBuilder {
+  std::vector<uint64_t> addresses;
+  std::vector<int64_t> nbytes;
+  int device = -1;
+  bool ok = true;
+
+  py::object tensor_entry(PyObject* obj) {
+    const at::Tensor& t = THPVariable_Unpack(obj);
+    if (t.device().type() != kTpu) { ok = false; return py::none(); }
+    int index = t.device().index();
+    if (device != index) {
+      if (device >= 0) { ok = false; return py::none(); }
+      device = index;
+    }
+    const c10::Storage& s = t.storage();
+    uint64_t address = reinterpret_cast<uint64_t>(s.data());
+    size_t slot = 0;
+    while (slot < addresses.size() && addresses[slot] != address) ++slot;
+    if (slot == addresses.size()) {
+      addresses.push_back(address);
+      nbytes.push_back(static_cast<int64_t>(s.nbytes()));
+    }
+    py::object dtype = py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(torch::getTHPDtype(t.scalar_type())));
+    return py::make_tuple("T", dtype, int_tuple(t.sizes()), int_tuple(t.strides()), t.storage_offset(), slot);
+  }
+};
+
+bool is_number(PyObject* v) { return PyFloat_CheckExact(v) || PyLong_CheckExact(v) || PyBool_Check(v); }
+
+py::object fast_signature(py::handle op, py::tuple kinds, py::list full, py::dict buffers, bool static_scalars) {
+  {  // drop the buffers of storages PyTorch freed since the last op
+    std::vector<uint64_t> freed;
+    {
+      std::lock_guard<std::mutex> lock(g_freed_mutex);
+      freed.swap(g_freed);
+    }
+    for (uint64_t address : freed) {
+      py::int_ key(address);
+      if (PyDict_DelItem(buffers.ptr(), key.ptr()) != 0) PyErr_Clear();
+    }
+  }
+  size_t n = kinds.size();
+  SignatureBuilder b;
+  py::list scalars;
+  py::object generator = py::none();
+  py::tuple key(n + 3);
+  key[0] = op;
+  for (size_t i = 0; i < n; ++i) {
+    PyObject* v = PyList_GET_ITEM(full.ptr(), i);
+    int kind = PyLong_AsLong(PyTuple_GET_ITEM(kinds.ptr(), i));
+    py::object entry;
+    if (v == Py_None) {
+      entry = py::none();
+    } else if (kind == kTensor || kind == kOptTensor) {
+      if (THPVariable_Check(v)) {
+        entry = b.tensor_entry(v);
+      } else if (is_number(v)) {
+        entry = py::make_tuple("S", py::handle(reinterpret_cast<PyObject*>(Py_TYPE(v))));
+        scalars.append(v);
+      } else {
+        return py::none();
+      }
+    } else if (kind == kTensorList || kind == kOptTensorList) {
+      if (!PyList_Check(v) && !PyTuple_Check(v)) return py::none();
+      py::sequence seq = py::reinterpret_borrow<py::sequence>(v);
+      py::tuple items(seq.size());
+      for (size_t j = 0; j < seq.size(); ++j) {
+        py::object item = seq[j];
+        if (item.is_none()) {
+          items[j] = py::none();
+        } else if (THPVariable_Check(item.ptr())) {
+          items[j] = b.tensor_entry(item.ptr());
+        } else {
+          return py::none();
+        }
+      }
+      entry = items;
+    } else if (kind == kScalar || kind == kOptScalar) {
+      if (!is_number(v)) return py::none();
+      if (static_scalars) {
+        entry = py::make_tuple("V", py::handle(v));
+      } else {
+        entry = py::make_tuple("S", py::handle(reinterpret_cast<PyObject*>(Py_TYPE(v))));
+        scalars.append(v);
+      }
+    } else if (kind == kScalarList) {
+      if (!PyList_Check(v) && !PyTuple_Check(v)) return py::none();
+      py::sequence seq = py::reinterpret_borrow<py::sequence>(v);
+      py::tuple types(seq.size());
+      for (size_t j = 0; j < seq.size(); ++j) {
+        py::object item = seq[j];
+        if (!is_number(item.ptr())) return py::none();
+        types[j] = py::handle(reinterpret_cast<PyObject*>(Py_TYPE(item.ptr())));
+        scalars.append(item);
+      }
+      entry = py::make_tuple("L", types);
+    } else if (kind == kGenerator) {
+      generator = py::reinterpret_borrow<py::object>(v);
+      entry = py::none();
+    } else if (PyList_Check(v)) {
+      entry = py::reinterpret_steal<py::object>(PyList_AsTuple(v));
+    } else {
+      entry = py::reinterpret_borrow<py::object>(v);
+    }
+    if (!b.ok) return py::none();
+    key[i + 2] = entry;
+  }
+  if (b.device < 0) return py::none();
+  key[1] = py::int_(b.device);
+  size_t n_slots = b.addresses.size();
+  py::tuple slots(n_slots);
+  py::list addresses(n_slots), entries(n_slots);
+  for (size_t j = 0; j < n_slots; ++j) {
+    py::int_ address(b.addresses[j]);
+    PyObject* found = PyDict_GetItem(buffers.ptr(), address.ptr());  // borrowed
+    py::object buffer_entry = found ? py::reinterpret_borrow<py::object>(found) : py::none();
+    py::object buffer_dtype = found ? py::reinterpret_borrow<py::object>(PyTuple_GET_ITEM(found, 1)) : py::none();
+    slots[j] = py::make_tuple(buffer_dtype, b.nbytes[j]);
+    addresses[j] = address;
+    entries[j] = buffer_entry;
+  }
+  key[n + 2] = slots;
+  return py::make_tuple(key, addresses, entries, scalars, b.device, generator);
+}
+
+// Fresh program outputs as tpu tensors: allocate each and record its buffer.
+py::list new_outputs(py::sequence metas, py::sequence arrays, int index, py::dict buffers) {
+  c10::DeviceGuard guard(Device(kTpu, static_cast<DeviceIndex>(index)));
+  size_t n = metas.size();
+  py::list out(n);
+  size_t next_array = 0;
+  for (size_t i = 0; i < n; ++i) {
+    py::object meta = metas[i];
+    if (meta.is_none()) {  // an undefined result: no buffer
+      out[i] = py::none();
+      continue;
+    }
+    auto sizes = meta.attr("sizes").cast<std::vector<int64_t>>();
+    auto strides = meta.attr("strides").cast<std::vector<int64_t>>();
+    py::object dtype = meta.attr("dtype");
+    at::ScalarType scalar_type = reinterpret_cast<THPDtype*>(dtype.ptr())->scalar_type;
+    at::Tensor t = at::detail::empty_strided_generic(sizes, strides, &g_allocator,
+                                                     c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), scalar_type);
+    py::int_ address(reinterpret_cast<uint64_t>(t.storage().data()));
+    buffers[address] = py::make_tuple(arrays[next_array++], dtype);
+    out[i] = py::cast(std::move(t));
+  }
+  return out;
+}
+
 py::dict memory_stats(int index) {
   TORCH_CHECK(index >= 0 && index < kMaxDevices, "bad device index");
   DeviceMemory& m = g_memory[index];
@@ -300,6 +460,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   });
   m.def("tensor_signature", &tensor_signature);
   m.def("new_tensor", &new_tensor);
+  m.def("fast_signature", &fast_signature);
+  m.def("new_outputs", &new_outputs);
   m.def("memory_stats", &memory_stats);
   m.def("set_memory_limit", [](int index, int64_t limit) { g_memory[index].limit.store(limit); });
   m.def("reset_peak", [](int index) { g_memory[index].peak.store(g_memory[index].allocated.load()); });

@@ -15,7 +15,7 @@ from __future__ import annotations
 import jax
 import torch
 
-from torch_tpu import _native, metrics
+from torch_tpu import _native, metrics, precision
 from torch_tpu.config import config
 from torch_tpu.eager import program as program_mod
 from torch_tpu.eager.opspec import Arg, OpSpec
@@ -24,6 +24,9 @@ from torch_tpu.runtime import platform, storage
 from torch_tpu.runtime.errors import translate_runtime_error
 
 _signature_of = _native.tensor_signature
+_fast_signature = _native.fast_signature
+_new_outputs = _native.new_outputs
+_counts = metrics.counts
 _new_tensor = _native.new_tensor
 _buffers = storage.buffers
 _TENSOR, _CPU, _SCALAR, _SCALAR_LIST = program_mod.TENSOR, program_mod.CPU_SCALAR, program_mod.SCALAR, program_mod.SCALAR_LIST
@@ -46,7 +49,12 @@ def _device_error(spec: OpSpec, name: str, first: str, second: str) -> RuntimeEr
 
 
 def signature(spec: OpSpec, lowering: Lowering, full: list):
-    """(key, slot addresses, slot buffer entries, runtime scalars, device) of one call."""
+    """(key, slot addresses, slot buffer entries, runtime scalars, device, generator) of one call.
+
+    The slow path of `_native.fast_signature` (same key layout): it also
+    handles CPU scalar tensors, device-less factories and raises the
+    PyTorch-style errors for mixed devices and bad arguments.
+    """
     entries = []
     scalars = []
     slot_of: dict[int, int] = {}
@@ -112,15 +120,8 @@ def signature(spec: OpSpec, lowering: Lowering, full: list):
         entry = _buffers.get(address)
         slot_entries.append(entry)
         slots.append((None if entry is None else entry[1], nbytes))
-    if lowering.rng:
-        scalars.extend(_rng_scalars(generator, device))
-    extra = ()
-    if lowering.precision:
-        from torch_tpu import precision
-
-        extra = (precision.matmul_precision(),)
-    key = (spec.op, device, *entries, tuple(slots), *extra)
-    return key, slot_addresses, slot_entries, scalars, device
+    key = (spec.op, device, *entries, tuple(slots))
+    return key, slot_addresses, slot_entries, scalars, device, generator
 
 
 def _device_from_args(spec: OpSpec, full: list) -> int:
@@ -144,24 +145,30 @@ def _rng_scalars(generator, device: int):
     return (seed & 0xFFFFFFFF, seed >> 32, offset & 0xFFFFFFFF, offset >> 32)
 
 
-def execute(spec: OpSpec, lowering: Lowering, via_functional: bool, args: tuple, kwargs: dict):
+def execute(spec: OpSpec, lowering: Lowering, via_functional: bool, *args, **kwargs):
     """Run one dispatched op as its cached program; return what the op returns."""
-    full = spec.normalize(args, kwargs)
-    storage.drain()
-    key, slot_addresses, slot_entries, scalars, device = signature(spec, lowering, full)
+    full = list(args) if not kwargs and len(args) == spec.n_args else spec.normalize(args, kwargs)
+    sig = _fast_signature(spec.op, spec.kinds, full, _buffers, lowering.static_scalars)
+    if sig is None:
+        sig = signature(spec, lowering, full)
+    key, slot_addresses, slot_entries, scalars, device, generator = sig
+    if lowering.rng:
+        scalars.extend(_rng_scalars(generator, device))
+    if lowering.precision:
+        key = (*key, precision.matmul_precision())
     prog = programs.get(key)
     if prog is None:
-        metrics.counts.cache_misses += 1
-        prog = program_mod.build(key, spec, lowering, scalars, via_functional)
-        programs[key] = prog
+        prog = _miss(key, spec, lowering, scalars, via_functional)
     else:
-        metrics.counts.cache_hits += 1
+        _counts.cache_hits += 1
     if prog.resize:
         for index, sizes in prog.resize.items():
             _resize_out(full[index], sizes)
-        return execute(spec, lowering, via_functional, tuple(full), {})
+        return execute(spec, lowering, via_functional, *full)
 
     arrays = [slot_entries[i][0] for i in prog.input_slots]
+    if scalars:
+        scalars = _device_scalars(scalars, device)
     executable = prog.executable
     try:
         if executable is None:
@@ -169,20 +176,43 @@ def execute(spec: OpSpec, lowering: Lowering, via_functional: bool, args: tuple,
         fresh, updated = executable(arrays, scalars)
         if config.launch_blocking:
             jax.block_until_ready((fresh, updated))
+            _counts.synchronous_waits += 1
     except jax.errors.JaxRuntimeError as err:
         raise translate_runtime_error(err, spec.name) from None
-    metrics.counts.ops_executed += 1
-
-    slot_dtypes = prog.slot_dtypes
-    for slot, array in zip(prog.updated_slots, updated):
-        _buffers[slot_addresses[slot]] = (array, slot_dtypes[slot])
-
-    outs = []
-    for meta, array in zip(prog.outputs, fresh):
-        t, address = _new_tensor(meta.sizes, meta.strides, meta.dtype, device)
-        _buffers[address] = (array, meta.dtype)
-        outs.append(t)
+    _counts.ops_executed += 1
+    if updated:
+        slot_dtypes = prog.slot_dtypes
+        for slot, array in zip(prog.updated_slots, updated):
+            _buffers[slot_addresses[slot]] = (array, slot_dtypes[slot])
+    outs = _new_outputs(prog.outputs, fresh, device, _buffers) if fresh else ()
     return _returns(spec, prog, full, outs)
+
+
+def _miss(key, spec, lowering, scalars, via_functional):
+    _counts.cache_misses += 1
+    prog = program_mod.build(key, spec, lowering, scalars, via_functional)
+    programs[key] = prog
+    return prog
+
+
+# Runtime scalars (learning rates, eps, alphas) as device arrays: a Python
+# float passed to a program is a host->device copy per call; a cached,
+# weakly-typed device scalar is not, and compiles to the same program.
+_scalar_cache: dict = {}
+_SCALAR_CACHE_LIMIT = 4096
+
+
+def _device_scalars(scalars: list, device: int) -> list:
+    out = []
+    for value in scalars:
+        cache_key = (type(value), value, device)
+        array = _scalar_cache.get(cache_key)
+        if array is None:
+            if len(_scalar_cache) >= _SCALAR_CACHE_LIMIT:
+                _scalar_cache.clear()
+            array = _scalar_cache[cache_key] = jax.device_put(value, platform.get().devices[device])
+        out.append(array)
+    return out
 
 
 def _returns(spec: OpSpec, prog, full, outs):

@@ -37,6 +37,7 @@ RNG_SCALARS = 4  # seed lo/hi, offset lo/hi appended to the runtime scalars
 
 _TENSOR_KINDS = (Arg.TENSOR, Arg.OPT_TENSOR)
 _LIST_KINDS = (Arg.TENSOR_LIST, Arg.OPT_TENSOR_LIST)
+_PROMOTABLE = (Arg.TENSOR, Arg.OPT_TENSOR, Arg.SCALAR, Arg.OPT_SCALAR)
 
 
 def tensor_entries(kind, entry) -> list:
@@ -105,7 +106,7 @@ def build(key, spec: OpSpec, lowering: Lowering, scalars: list, via_functional: 
     if lowering.promote is not None:
         participants = [
             meta_args[i] for i in passed
-            if meta_args[i] is not None and spec.kinds[i] in (Arg.TENSOR, Arg.OPT_TENSOR, Arg.SCALAR, Arg.OPT_SCALAR)
+            if meta_args[i] is not None and spec.kinds[i] in _PROMOTABLE
             and (lowering.promote_args is None or spec.names[i] in lowering.promote_args)
         ]
         compute_dtype, _ = elementwise_dtypes(*participants, type_promotion_kind=lowering.promote.value)
@@ -184,8 +185,8 @@ def _meta_outputs(spec: OpSpec, meta_args, key_args):
         if is_list:
             outputs.extend(OutputMeta(t.shape, t.stride(), t.dtype) for t in r)
             counts.append(len(r))
-        else:
-            outputs.append(OutputMeta(r.shape, r.stride(), r.dtype))
+        else:  # None: an undefined result (e.g. a grad the output_mask did not ask for)
+            outputs.append(None if r is None else OutputMeta(r.shape, r.stride(), r.dtype))
     resize = {}
     for i in spec.writes:
         entry = key_args[i]
@@ -223,7 +224,8 @@ def _make_trace(spec, lowering, key_args, slots, slot_dtypes, passed, input_slot
     jax_compute = dtypes.to_jax(compute_dtype) if compute_dtype is not None else None
     promoted = frozenset(
         i for i in passed
-        if lowering.promote is not None and (lowering.promote_args is None or spec.names[i] in lowering.promote_args)
+        if lowering.promote is not None and spec.kinds[i] in _PROMOTABLE
+        and (lowering.promote_args is None or spec.names[i] in lowering.promote_args)
     )
     slot_layout = [  # (jax dtype, length) of each slot's buffer
         (dtypes.to_jax(dtype), nbytes // dtype.itemsize) for dtype, (_, nbytes) in zip(slot_dtypes, slots)
@@ -259,7 +261,7 @@ def _make_trace(spec, lowering, key_args, slots, slot_dtypes, passed, input_slot
                 fresh.extend(value if isinstance(value, (list, tuple)) else [value])
             fresh_buffers = [
                 strided.to_flat(jnp.broadcast_to(jnp.asarray(v).astype(dtypes.to_jax(m.dtype)), m.sizes), m.strides)
-                for v, m in zip(fresh, outputs)
+                for v, m in zip(fresh, outputs) if m is not None
             ]
             for arg_index, value in zip(writes, results[n_fresh:]):
                 targets = tensor_entries(spec.kinds[arg_index], key_args[arg_index])

@@ -20,7 +20,7 @@ def _copy_same_device(dst, src, non_blocking=False):
     from torch_tpu.eager.executor import execute
     from torch_tpu.ops import registry
 
-    return execute(spec(aten.copy_.default), registry.get(aten.copy.default), True, (dst, src, non_blocking), {})
+    return execute(spec(aten.copy_.default), registry.get(aten.copy.default), True, dst, src, non_blocking)
 
 
 def copy_(dst: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:

@@ -1,1 +1,166 @@
-"""(filled in below)"""
+"""Indexing: index, index_put, gather, scatter, index_select, sort, topk.
+
+NOTE(torch-vs-xla): PyTorch raises on out-of-range indices; XLA clamps
+gathers and drops out-of-range scatters. Debug mode (TORCH_TPU_LAUNCH_BLOCKING)
+does not add bounds checks either.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from torch_tpu.ops.registry import aten, lowers
+
+
+def _index_tuple(indices):
+    return tuple(slice(None) if i is None else i for i in indices)
+
+
+@lowers(aten.index.Tensor)
+def index(x, indices):
+    return x[_index_tuple(indices)]
+
+
+@lowers(aten.index_put.default, aten._index_put_impl.default)
+def index_put(x, indices, values, accumulate=False, unsafe=False):
+    ref = x.at[_index_tuple(indices)]
+    values = values.astype(x.dtype)
+    return ref.add(values) if accumulate else ref.set(values)
+
+
+@lowers(aten.index_select.default)
+def index_select(x, dim, index):
+    if x.ndim == 0:
+        return jnp.take(x.reshape(1), index.reshape(-1), axis=0).reshape(())
+    return jnp.take(x, index.reshape(-1), axis=dim)
+
+
+def _full_index(index, dim):
+    """Index arrays selecting `index` along `dim` and the identity along the other dims."""
+    grids = []
+    for d in range(index.ndim):
+        grids.append(index if d == dim else lax.broadcasted_iota(jnp.int64, index.shape, d))
+    return tuple(grids)
+
+
+@lowers(aten.gather.default)
+def gather(x, dim, index, sparse_grad=False):
+    if x.ndim == 0:
+        return jnp.broadcast_to(x, index.shape)
+    dim = dim % x.ndim
+    return x[_full_index(index, dim)]
+
+
+def _scatter(x, dim, index, src, reduce=None):
+    if x.ndim == 0:
+        x1 = x.reshape(1)
+        return _scatter(x1, 0, index.reshape(-1), jnp.asarray(src).reshape(-1)[:1] if jnp.ndim(src) else src, reduce).reshape(())
+    dim = dim % x.ndim
+    idx = _full_index(index, dim)
+    if jnp.ndim(src) == 0:
+        values = jnp.broadcast_to(jnp.asarray(src).astype(x.dtype), index.shape)
+    else:
+        values = src[tuple(slice(0, s) for s in index.shape)].astype(x.dtype)
+    ref = x.at[idx]
+    if reduce is None:
+        return ref.set(values)
+    if reduce in ("add", "sum"):
+        return ref.add(values)
+    if reduce in ("multiply", "prod"):
+        return ref.multiply(values)
+    if reduce == "amax":
+        return ref.max(values)
+    if reduce == "amin":
+        return ref.min(values)
+    raise NotImplementedError(f"scatter reduce={reduce!r}")
+
+
+@lowers(aten.scatter.src, aten.scatter.value)
+def scatter(x, dim, index, src):
+    return _scatter(x, dim, index, src)
+
+
+@lowers(aten.scatter.reduce, aten.scatter.value_reduce)
+def scatter_reduce_legacy(x, dim, index, src, reduce):
+    return _scatter(x, dim, index, src, reduce)
+
+
+@lowers(aten.scatter_add.default)
+def scatter_add(x, dim, index, src):
+    return _scatter(x, dim, index, src, "add")
+
+
+@lowers(aten.scatter_reduce.two)
+def scatter_reduce(x, dim, index, src, reduce, include_self=True):
+    if reduce == "mean":
+        total = _scatter(x if include_self else jnp.zeros_like(x), dim, index, src, "add")
+        ones = jnp.ones(index.shape, x.dtype)
+        count = _scatter(jnp.ones_like(x) if include_self else jnp.zeros_like(x), dim, index, ones, "add")
+        count = jnp.maximum(count, 1)
+        out = total / count if jnp.issubdtype(x.dtype, jnp.inexact) else jnp.floor_divide(total, count)
+        return out.astype(x.dtype)
+    if not include_self:
+        # Positions that receive a value start from the reduction's identity.
+        touched = _scatter(jnp.zeros(x.shape, jnp.bool_), dim, index, True)
+        identity = {"sum": 0, "prod": 1, "amax": _lowest(x.dtype), "amin": _highest(x.dtype)}[reduce]
+        x = jnp.where(touched, jnp.asarray(identity, x.dtype), x)
+    return _scatter(x, dim, index, src, reduce)
+
+
+def _lowest(dtype):
+    return -jnp.inf if jnp.issubdtype(dtype, jnp.floating) else jnp.iinfo(dtype).min
+
+
+def _highest(dtype):
+    return jnp.inf if jnp.issubdtype(dtype, jnp.floating) else jnp.iinfo(dtype).max
+
+
+@lowers(aten.index_add.default)
+def index_add(x, dim, index, source, alpha=1):
+    if x.ndim == 0:
+        return x + jnp.sum(source) * alpha
+    dim = dim % x.ndim
+    idx = (slice(None),) * dim + (index,)
+    return x.at[idx].add((source * alpha).astype(x.dtype))
+
+
+@lowers(aten.index_copy.default)
+def index_copy(x, dim, index, source):
+    if x.ndim == 0:
+        return source.reshape(())
+    dim = dim % x.ndim
+    return x.at[(slice(None),) * dim + (index,)].set(source.astype(x.dtype))
+
+
+@lowers(aten.index_fill.int_Scalar, aten.index_fill.int_Tensor)
+def index_fill(x, dim, index, value):
+    if x.ndim == 0:
+        return jnp.asarray(value).astype(x.dtype)
+    dim = dim % x.ndim
+    return x.at[(slice(None),) * dim + (index,)].set(jnp.asarray(value).astype(x.dtype))
+
+
+# ---------------------------------------------------------------- sorting
+@lowers(aten.sort.stable)
+def sort_stable(x, stable=None, dim=-1, descending=False):
+    if x.ndim == 0:
+        return x, jnp.zeros((), jnp.int64)
+    order = jnp.argsort(x, axis=dim, stable=True, descending=descending)
+    return jnp.take_along_axis(x, order, axis=dim), order.astype(jnp.int64)
+
+
+@lowers(aten.sort.default)
+def sort(x, dim=-1, descending=False):
+    return sort_stable(x, True, dim, descending)
+
+
+@lowers(aten.topk.default)
+def topk(x, k, dim=-1, largest=True, sorted=True):
+    if x.ndim == 0:
+        return x, jnp.zeros((), jnp.int64)
+    dim = dim % x.ndim
+    moved = jnp.moveaxis(x, dim, -1)
+    order = jnp.argsort(moved, axis=-1, stable=True, descending=largest)[..., :k]
+    values = jnp.take_along_axis(moved, order, axis=-1)
+    return jnp.moveaxis(values, -1, dim), jnp.moveaxis(order, -1, dim).astype(jnp.int64)

@@ -1,1 +1,95 @@
-"""(filled in below)"""
+"""Random ops. Each takes a jax.random key derived from (seed, offset) of the
+device generator: runtime inputs, so one compiled program serves every call
+and `torch.manual_seed` makes runs reproducible.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from torch_tpu.ops.registry import aten, lowers
+
+
+def _float_dtype(dtype):
+    return dtype if jnp.issubdtype(dtype, jnp.floating) else jnp.float32
+
+
+@lowers(aten.uniform.default, rng=True)
+def uniform(x, low=0.0, high=1.0, generator=None, *, key):
+    dt = _float_dtype(x.dtype)
+    return jax.random.uniform(key, x.shape, dtype=jnp.float32, minval=low, maxval=high).astype(dt)
+
+
+@lowers(aten.normal_.default, rng=True)
+def normal_(x, mean=0.0, std=1.0, generator=None, *, key):
+    return (jax.random.normal(key, x.shape, dtype=jnp.float32) * std + mean).astype(_float_dtype(x.dtype))
+
+
+@lowers(aten.normal.Tensor_Tensor, rng=True)
+def normal_tensors(mean, std, generator=None, *, key):
+    shape = jnp.broadcast_shapes(mean.shape, std.shape)
+    return jax.random.normal(key, shape, dtype=jnp.float32) * std + mean
+
+
+@lowers(aten.normal.Tensor_float, rng=True)
+def normal_tensor_float(mean, std=1.0, generator=None, *, key):
+    return jax.random.normal(key, mean.shape, dtype=jnp.float32) * std + mean
+
+
+@lowers(aten.normal.float_Tensor, rng=True)
+def normal_float_tensor(mean, std, generator=None, *, key):
+    return jax.random.normal(key, std.shape, dtype=jnp.float32) * std + mean
+
+
+@lowers(aten.bernoulli_.float, aten.bernoulli_.Tensor, rng=True)
+def bernoulli_(x, p=0.5, generator=None, *, key):
+    return jax.random.bernoulli(key, p, x.shape).astype(x.dtype)
+
+
+@lowers(aten.bernoulli.default, rng=True)
+def bernoulli(x, generator=None, *, key):
+    return jax.random.bernoulli(key, x.astype(jnp.float32), x.shape).astype(x.dtype)
+
+
+@lowers(aten.bernoulli.p, rng=True)
+def bernoulli_p(x, p, generator=None, *, key):
+    return jax.random.bernoulli(key, p, x.shape).astype(x.dtype)
+
+
+def _randint(key, shape, low, high, dtype):
+    if jnp.issubdtype(dtype, jnp.floating) or dtype == jnp.bool_:
+        return jax.random.randint(key, shape, low, high, dtype=jnp.int64).astype(dtype)
+    return jax.random.randint(key, shape, low, high, dtype=jnp.int64).astype(dtype)
+
+
+def _dtype_top(dtype):
+    if dtype == jnp.bool_:
+        return 2
+    if jnp.issubdtype(dtype, jnp.floating):
+        return 2 ** jnp.finfo(dtype).nmant + 1
+    return int(jnp.iinfo(dtype).max) + 1 if jnp.iinfo(dtype).max < 2**62 else 2**62
+
+
+@lowers(getattr(aten.random_, "from"), rng=True, static_scalars=True)
+def random_from(x, low, high=None, generator=None, *, key):
+    return _randint(key, x.shape, low, _dtype_top(x.dtype) if high is None else high, x.dtype)
+
+
+@lowers(aten.random_.to, rng=True, static_scalars=True)
+def random_to(x, high, generator=None, *, key):
+    return _randint(key, x.shape, 0, high, x.dtype)
+
+
+@lowers(aten.random_.default, rng=True)
+def random_(x, generator=None, *, key):
+    return _randint(key, x.shape, 0, _dtype_top(x.dtype), x.dtype)
+
+
+@lowers(aten.exponential_.default, rng=True)
+def exponential_(x, lambd=1.0, generator=None, *, key):
+    return (jax.random.exponential(key, x.shape, dtype=jnp.float32) / lambd).astype(x.dtype)
+
+
+@lowers(aten.randperm.generator_out, rng=True)
+def randperm_out(n, generator=None, out=None, *, key):
+    return jax.random.permutation(key, n).astype(out.dtype)

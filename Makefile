@@ -1,0 +1,35 @@
+# torch_tpu: `make demo` and `make test` work on a fresh machine (they create .venv).
+PY ?= python3
+VENV ?= .venv
+PYTHON := $(VENV)/bin/python
+STAMP := $(VENV)/.torch_tpu-installed
+# Pinned: torch's CPU wheel is in the local pip cache; an unpinned torch pulls a CUDA build.
+PINS := torch==2.13.0 jax==0.10.2 jaxlib==0.10.2
+PYTEST_FLAGS ?=
+
+.PHONY: install demo test test-heavy test-all bench clean
+
+$(STAMP): pyproject.toml setup.py torch_tpu/csrc/native.cpp
+	test -x $(PYTHON) || $(PY) -m venv $(VENV)
+	$(PYTHON) -m pip install -q $(PINS) numpy setuptools wheel
+	$(PYTHON) -m pip install -q --no-build-isolation -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: install
+	$(PYTHON) examples/train_gpt.py
+
+test: install
+	$(PYTHON) -m pytest -q -m "not heavy" $(PYTEST_FLAGS) tests
+
+test-heavy: install
+	$(PYTHON) -m pytest -q -m heavy $(PYTEST_FLAGS) tests
+
+test-all: test test-heavy
+
+bench: install
+	$(PYTHON) bench/op_overhead.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info torch_tpu/*.so

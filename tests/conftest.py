@@ -1,0 +1,76 @@
+"""Shared test setup: 4 XLA:CPU devices, and the one CPU-comparison helper."""
+from __future__ import annotations
+
+import os
+
+# Multi-device tests run on one CPU; must be set before the runtime starts.
+os.environ.setdefault("TORCH_TPU_NUM_CPU_DEVICES", "4")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from torch.utils import _pytree as pytree  # noqa: E402
+
+import torch_tpu  # noqa: E402,F401
+
+TPU = torch.device("tpu:0")
+
+
+@pytest.fixture(autouse=True)
+def _highest_precision():
+    """Compare float32 against CPU at full precision unless a test says otherwise."""
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    yield
+    torch.set_float32_matmul_precision(previous)
+
+
+def to_tpu(tree, device=TPU):
+    def move(x):
+        if isinstance(x, torch.Tensor):
+            y = x.detach().to(device)
+            return y.requires_grad_(x.requires_grad)
+        return x
+
+    return pytree.tree_map(move, tree)
+
+
+def to_cpu(tree):
+    return pytree.tree_map(lambda x: x.cpu() if isinstance(x, torch.Tensor) else x, tree)
+
+
+def assert_close_tree(actual, expected, atol=1e-5, rtol=1e-5, equal_nan=True):
+    a_leaves, a_spec = pytree.tree_flatten(to_cpu(actual))
+    e_leaves, e_spec = pytree.tree_flatten(expected)
+    assert a_spec == e_spec, f"structure differs: {a_spec} vs {e_spec}"
+    for a, e in zip(a_leaves, e_leaves):
+        if isinstance(e, torch.Tensor):
+            assert isinstance(a, torch.Tensor)
+            assert a.dtype == e.dtype, f"dtype {a.dtype} != {e.dtype}"
+            assert a.shape == e.shape, f"shape {tuple(a.shape)} != {tuple(e.shape)}"
+            torch.testing.assert_close(a, e, atol=atol, rtol=rtol, equal_nan=equal_nan)
+        elif isinstance(e, float):
+            assert a == pytest.approx(e, rel=rtol, abs=atol, nan_ok=True)
+        else:
+            assert a == e
+
+
+def assert_matches_cpu(fn, *args, grads: bool = False, atol=1e-5, rtol=1e-5, device=TPU):
+    """fn(*args) on tpu equals fn(*args) on CPU (and so do input gradients if grads=True)."""
+    cpu_args = pytree.tree_map(lambda x: x.detach().clone().requires_grad_(x.requires_grad)
+                               if isinstance(x, torch.Tensor) else x, args)
+    tpu_args = to_tpu(args, device)
+    expected = fn(*cpu_args)
+    actual = fn(*tpu_args)
+    for leaf in pytree.tree_leaves(actual):
+        if isinstance(leaf, torch.Tensor):
+            assert leaf.device.type == "tpu", f"result on {leaf.device}, expected tpu"
+    assert_close_tree(actual, expected, atol, rtol)
+    if grads:
+        def backward(out, inputs):
+            leaves = [o for o in pytree.tree_leaves(out) if isinstance(o, torch.Tensor) and o.requires_grad]
+            total = sum((o.float() * (i + 1)).sum() for i, o in enumerate(leaves))
+            total.backward()
+            return [x.grad for x in pytree.tree_leaves(inputs) if isinstance(x, torch.Tensor) and x.requires_grad]
+
+        assert_close_tree(backward(actual, tpu_args), backward(expected, cpu_args), atol, rtol)
+    return actual

@@ -1,0 +1,66 @@
+"""Bad input gets PyTorch-style errors; CPU fallback is visible and can be forbidden."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from torch_tpu import metrics
+
+
+def test_mixed_devices_error():
+    """tpu + cpu (non-scalar) raises the familiar same-device error."""
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        torch.ones(3, device="tpu") + torch.ones(3)
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        torch.ones(3, device="tpu:0") + torch.ones(3, device="tpu:1")
+
+
+def test_cpu_scalar_tensor_is_allowed():
+    """A 0-dim CPU tensor mixes with tpu tensors, as with CUDA."""
+    out = torch.ones(3, device="tpu") * torch.tensor(2.5)
+    assert out.device.type == "tpu" and out.tolist() == [2.5, 2.5, 2.5]
+
+
+def test_shape_errors_are_pytorchs():
+    """Shape errors come from PyTorch's own checks, not a JAX traceback."""
+    with pytest.raises(RuntimeError, match="must match the size|broadcast"):
+        torch.ones(3, device="tpu") + torch.ones(4, device="tpu")
+    with pytest.raises(RuntimeError):
+        torch.ones(2, 3, device="tpu") @ torch.ones(2, 3, device="tpu")
+
+
+def test_dtype_errors():
+    """In-place result-type errors match PyTorch's."""
+    with pytest.raises(RuntimeError, match="can't be cast|not possible"):
+        torch.ones(3, dtype=torch.int64, device="tpu").add_(0.5)
+
+
+def test_unsupported_dtype_is_clear():
+    """A dtype XLA cannot hold is refused with a clear TypeError."""
+    with pytest.raises(TypeError, match="do not support dtype"):
+        torch.ones(3, dtype=torch.complex32).to("tpu")
+
+
+def test_fallback_warns_once_and_counts():
+    """An op with no lowering or decomposition runs on CPU, warns once, and is counted."""
+    op = "aten._cdist_forward.default"
+    before = metrics.fallbacks[op]
+    a, b = torch.randn(3, 4), torch.randn(5, 4)
+    with pytest.warns(UserWarning, match="not lowered for the 'tpu' device"):
+        out = torch.cdist(a.to("tpu"), b.to("tpu"))
+    torch.testing.assert_close(out.cpu(), torch.cdist(a, b))
+    assert out.device.type == "tpu"
+    assert metrics.fallbacks[op] == before + 1
+    assert op in metrics.report()
+
+
+def test_fallback_error_mode():
+    """TORCH_TPU_FALLBACK=error turns a CPU fallback into NotImplementedError."""
+    code = ("import torch, torch_tpu\n"
+            "torch.cdist(torch.randn(3, 4, device='tpu'), torch.randn(5, 4, device='tpu'))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, TORCH_TPU_FALLBACK="error"))
+    assert out.returncode != 0
+    assert "NotImplementedError" in out.stderr and "_cdist_forward" in out.stderr

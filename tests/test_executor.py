@@ -1,0 +1,118 @@
+"""The strict executor: cached programs, runtime scalars, async execution, debug mode."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from torch_tpu import metrics
+from torch_tpu.eager import executor
+
+
+def test_one_program_per_signature():
+    """The same op on the same metadata compiles once; new shapes compile anew."""
+    x = torch.ones(17, device="tpu")
+    (x * 2).cpu()
+    compiled = metrics.counts.programs_compiled
+    for _ in range(5):
+        x = x * 2
+    assert metrics.counts.programs_compiled == compiled
+    (torch.ones(18, device="tpu") * 2).cpu()
+    assert metrics.counts.programs_compiled > compiled
+
+
+def test_float_scalars_are_runtime_inputs():
+    """A changing Python float (a learning rate) does not recompile."""
+    p = torch.ones(33, device="tpu")
+    g = torch.full((33,), 0.5, device="tpu")
+    p.add_(g, alpha=-0.1)
+    p.mul_(0.5)
+    compiled = metrics.counts.programs_compiled
+    for step in range(10):
+        p.add_(g, alpha=-0.1 / (step + 1))
+        p.mul_(1 - 0.01 * step)
+    assert metrics.counts.programs_compiled == compiled
+    expected = torch.ones(33)
+    gc = torch.full((33,), 0.5)
+    expected.add_(gc, alpha=-0.1)
+    expected.mul_(0.5)
+    for step in range(10):
+        expected.add_(gc, alpha=-0.1 / (step + 1))
+        expected.mul_(1 - 0.01 * step)
+    torch.testing.assert_close(p.cpu(), expected)
+
+
+def test_async_returns_before_result_is_needed():
+    """Ops return without waiting: no device->host transfer until a materialization point."""
+    transfers = metrics.counts.d2h_transfers
+    x = torch.randn(64, 64, device="tpu")
+    for _ in range(10):
+        x = torch.tanh(x @ x)
+    assert metrics.counts.d2h_transfers == transfers
+    x.sum().item()
+    assert metrics.counts.d2h_transfers == transfers + 1
+
+
+def test_view_read_op_and_writeback_are_one_program():
+    """An in-place op on a strided view runs as one program (no separate gather/scatter ops)."""
+    base = torch.zeros(8, 8, device="tpu")
+    before = metrics.counts.ops_executed
+    base[::2, 1::3].add_(1.0)
+    assert metrics.counts.ops_executed == before + 1
+
+
+def _run(code, tmp_path=None, **env):
+    full_env = dict(os.environ, **env)
+    if tmp_path is None:
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full_env, timeout=300)
+    script = tmp_path / "script.py"
+    script.write_text(code)
+    return subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=full_env, timeout=300)
+
+
+DEBUG_SCRIPT = """
+import torch, torch_tpu
+from torch_tpu import metrics
+x = torch.ones(3, device='tpu')
+y = x + 1
+print("waits", metrics.counts.synchronous_waits)
+z = x @ torch.ones(4, 4, device='tpu')  # FAILING_LINE
+"""
+
+
+def test_debug_mode_waits_and_raises_at_failing_line(tmp_path):
+    """TORCH_TPU_LAUNCH_BLOCKING=1: each op waits for its result; the failing line is in the traceback."""
+    out = _run(DEBUG_SCRIPT, tmp_path, TORCH_TPU_LAUNCH_BLOCKING="1")
+    assert out.returncode != 0
+    assert "FAILING_LINE" in out.stderr and "RuntimeError" in out.stderr
+    waits = int(out.stdout.split("waits")[1].split()[0])
+    assert waits >= 1
+    strict = _run(DEBUG_SCRIPT, tmp_path, TORCH_TPU_LAUNCH_BLOCKING="0")
+    assert int(strict.stdout.split("waits")[1].split()[0]) == 0
+
+
+def test_bad_env_value_is_a_clear_error():
+    out = _run("import torch, torch_tpu", TORCH_TPU_LAUNCH_BLOCKING="maybe")
+    assert out.returncode != 0 and "TORCH_TPU_LAUNCH_BLOCKING" in out.stderr
+
+
+def test_program_cache_is_keyed_by_layout():
+    """Contiguous and transposed inputs are different signatures with the right results."""
+    a = torch.arange(6.0).view(2, 3)
+    for t in (a, a.t()):
+        out = (t.to("tpu") if t.is_contiguous() else a.to("tpu").t()) + 1
+        assert torch.equal(out.cpu(), t + 1)
+    keys = [k for k in executor.programs if k[0] == torch.ops.aten.add.Tensor]
+    assert len(keys) >= 2
+
+
+def test_metrics_report_mentions_everything():
+    """The report lists ops, compiles, cache hits, transfers and fallbacks."""
+    report = metrics.report()
+    for word in ("ops executed", "programs compiled", "cache hits", "host->device", "device->host", "CPU fallbacks"):
+        assert word in report
+    counters = metrics.counters()
+    assert counters["ops_executed"] > 0
+    metrics.reset()
+    assert metrics.counters()["ops_executed"] == 0
