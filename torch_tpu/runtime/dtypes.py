@@ -76,9 +76,8 @@ def tensor_to_numpy(t: torch.Tensor) -> np.ndarray:
 def numpy_to_tensor(a: np.ndarray) -> torch.Tensor:
     """A NumPy array as a CPU tensor (shares memory when it can)."""
     dtype = to_torch(a.dtype)
-    a = np.ascontiguousarray(a)
-    if not a.flags.writeable:
-        a = a.copy()
+    if not (a.flags.c_contiguous and a.flags.writeable):
+        a = np.array(a, order="C", copy=True)  # (np.ascontiguousarray would turn 0-d into 1-d)
     if dtype in _NO_NUMPY:
         flat = torch.from_numpy(a.reshape(-1).view(np.uint8))
         return flat.view(dtype).reshape(a.shape)
