@@ -72,6 +72,14 @@ def set_empty(t: torch.Tensor):
     return t.set_(fresh.untyped_storage(), 0, (0,), (1,))
 
 
+def _has_compatible_shallow_copy_type(t: torch.Tensor, other: torch.Tensor) -> bool:
+    # NOTE: PyTorch's own check lists CPU/CUDA/... but not PrivateUse1, so
+    # `module.to("tpu")` would replace Parameters and silently untie tied
+    # weights. CPU and tpu dense tensors swap data like CPU and CUDA do.
+    dense = ("cpu", "tpu")
+    return t.layout == other.layout == torch.strided and t.device.type in dense and other.device.type in dense
+
+
 def _copy_from(src, dst, non_blocking=False):
     return copy_(dst, src, non_blocking)
 
@@ -80,6 +88,7 @@ def kernels() -> dict:
     return {
         aten.copy_.default: copy_,
         aten._copy_from.default: _copy_from,
+        aten._has_compatible_shallow_copy_type.default: _has_compatible_shallow_copy_type,
         aten._local_scalar_dense.default: _local_scalar_dense,
         aten.resize_.default: resize_,
         aten.set_.default: set_empty,
