@@ -12,7 +12,7 @@ PYTEST_FLAGS ?=
 $(STAMP): pyproject.toml setup.py torch_tpu/csrc/native.cpp
 	test -x $(PYTHON) || $(PY) -m venv $(VENV)
 	$(PYTHON) -m pip install -q $(PINS) numpy setuptools wheel
-	$(PYTHON) -m pip install -q --no-build-isolation -e '.[test]'
+	TORCH_DEVICE_BACKEND_AUTOLOAD=0 $(PYTHON) -m pip install -q --no-build-isolation -e '.[test]'
 	touch $(STAMP)
 
 install: $(STAMP)

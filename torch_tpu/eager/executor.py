@@ -26,6 +26,7 @@ from torch_tpu.runtime.errors import translate_runtime_error
 _signature_of = _native.tensor_signature
 _fast_signature = _native.fast_signature
 _new_outputs = _native.new_outputs
+_run_cached = _native.run_cached
 _counts = metrics.counts
 _new_tensor = _native.new_tensor
 _buffers = storage.buffers
@@ -145,9 +146,27 @@ def _rng_scalars(generator, device: int):
     return (seed & 0xFFFFFFFF, seed >> 32, offset & 0xFFFFFFFF, offset >> 32)
 
 
+_MISS = object()
+
+
 def execute(spec: OpSpec, lowering: Lowering, via_functional: bool, *args, **kwargs):
     """Run one dispatched op as its cached program; return what the op returns."""
     full = list(args) if not kwargs and len(args) == spec.n_args else spec.normalize(args, kwargs)
+    if not (lowering.rng or config.launch_blocking):
+        # Cache hit: one native call does signature, lookup, launch and outputs.
+        extra = (precision.matmul_precision(),) if lowering.precision else ()
+        try:
+            out = _run_cached(spec.op, spec.kinds, full, _buffers, lowering.static_scalars, programs, _scalar_cache,
+                              extra, _MISS)
+        except jax.errors.JaxRuntimeError as err:
+            raise translate_runtime_error(err, spec.name) from None
+        if out is not _MISS:
+            return out
+    return _execute_slow(spec, lowering, via_functional, full)
+
+
+def _execute_slow(spec: OpSpec, lowering: Lowering, via_functional: bool, full: list):
+    """The Python path: misses, first runs, RNG ops, debug mode, unusual arguments."""
     sig = _fast_signature(spec.op, spec.kinds, full, _buffers, lowering.static_scalars)
     if sig is None:
         sig = signature(spec, lowering, full)
@@ -184,7 +203,7 @@ def execute(spec: OpSpec, lowering: Lowering, via_functional: bool, *args, **kwa
         slot_dtypes = prog.slot_dtypes
         for slot, array in zip(prog.updated_slots, updated):
             _buffers[slot_addresses[slot]] = (array, slot_dtypes[slot])
-    outs = _new_outputs(prog.outputs, fresh, device, _buffers) if fresh else ()
+    outs = _new_outputs(prog.layouts, fresh, device, _buffers)
     return _returns(spec, prog, full, outs)
 
 

@@ -69,14 +69,15 @@ class OutputMeta:
 class OpProgram:
     """Everything derived from one signature; `executable` is jitted on first strict use."""
 
-    __slots__ = ("key", "spec", "outputs", "return_counts", "input_slots", "updated_slots", "slot_dtypes", "resize",
-                 "trace", "executable", "device")
+    __slots__ = ("key", "spec", "outputs", "layouts", "return_counts", "input_slots", "updated_slots", "slot_dtypes",
+                 "resize", "trace", "executable", "device", "fast")
 
     def __init__(self, key, spec, outputs, return_counts, input_slots, updated_slots, slot_dtypes, resize, trace,
                  device):
         self.key = key
         self.spec = spec
         self.outputs = outputs  # OutputMeta per fresh output (list returns flattened)
+        self.layouts = tuple(None if m is None else (m.sizes, m.strides, m.dtype) for m in outputs)
         self.return_counts = return_counts  # number of tensors per fresh list return
         self.input_slots = input_slots  # slots passed in (never-written slots read as zeros)
         self.updated_slots = updated_slots  # slots whose buffers the program rewrites
@@ -85,6 +86,25 @@ class OpProgram:
         self.trace = trace
         self.executable = None
         self.device = device
+        self.fast = None  # what the native cache-hit path needs, once the executable exists
+
+    def enable_fast_path(self) -> None:
+        """Hand the native cache-hit path everything it needs (not for out= resizes)."""
+        if self.resize or self.executable is None:
+            return
+        plan, position, counts = [], 0, iter(self.return_counts or ())
+        for kind, info in self.spec.returns:
+            if kind == "arg":
+                plan.append((0, info, 0))
+            elif info:  # a list of fresh outputs
+                n = next(counts)
+                plan.append((2, position, n))
+                position += n
+            else:
+                plan.append((1, position, 0))
+                position += 1
+        self.fast = (self.input_slots, self.updated_slots, self.slot_dtypes, self.layouts, tuple(plan),
+                     self.executable)
 
 
 def build(key, spec: OpSpec, lowering: Lowering, scalars: list, via_functional: bool) -> OpProgram:
@@ -303,4 +323,5 @@ def compile_program(program: OpProgram, sharding, slot_arrays, scalars):
     compiled = jax.jit(program.trace, out_shardings=sharding).lower(slot_arrays, scalars).compile()
     metrics.record_compile(time.perf_counter() - start)
     program.executable = compiled
+    program.enable_fast_path()
     return compiled
