@@ -39,8 +39,4 @@ from torch_tpu import metrics  # noqa: E402
 from torch_tpu.runtime.platform import set_num_cpu_devices  # noqa: E402
 
 
-def _autoload() -> None:
-    """Entry point of the `torch.backends` group: `import torch` imports us."""
-
-
 __all__ = ["metrics", "set_num_cpu_devices", "__version__"]
