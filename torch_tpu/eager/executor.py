@@ -12,12 +12,15 @@ op computes (ops/) or how its program is traced (program.py).
 """
 from __future__ import annotations
 
+import functools
+
 import jax
 import torch
 
 from torch_tpu import _native, metrics, precision
 from torch_tpu.config import config
 from torch_tpu.eager import program as program_mod
+from torch_tpu.eager import opspec
 from torch_tpu.eager.opspec import Arg, OpSpec
 from torch_tpu.ops.registry import Lowering
 from torch_tpu.runtime import platform, storage
@@ -28,6 +31,7 @@ _fast_signature = _native.fast_signature
 _new_outputs = _native.new_outputs
 _run_cached = _native.run_cached
 _counts = metrics.counts
+_native.set_fast_path(not config.launch_blocking)
 _new_tensor = _native.new_tensor
 _buffers = storage.buffers
 _TENSOR, _CPU, _SCALAR, _SCALAR_LIST = program_mod.TENSOR, program_mod.CPU_SCALAR, program_mod.SCALAR, program_mod.SCALAR_LIST
@@ -147,6 +151,22 @@ def _rng_scalars(generator, device: int):
 
 
 _MISS = object()
+
+
+def kernel(spec: OpSpec, lowering: Lowering, via_functional: bool):
+    """The tpu kernel registered for one op: native for cache hits, `execute` otherwise."""
+    k = _native.OpKernel()
+    k.op, k.kinds, k.names, k.defaults, k.required = spec.op, spec.kinds, spec.names, spec.defaults, opspec.REQUIRED
+    k.static_scalars, k.precision, k.use_fast = lowering.static_scalars, lowering.precision, not lowering.rng
+    k.slow = functools.partial(execute, spec, lowering, via_functional)
+    k.programs, k.buffers, k.scalar_cache, k.miss = programs, _buffers, _scalar_cache, _MISS
+    k.precision_key, k.translate, k.runtime_error = precision.matmul_precision, translate_runtime_error, jax.errors.JaxRuntimeError
+    return k
+
+
+def update_fast_path() -> None:
+    """Native cache-hit paths run unless a mode needs every op in Python (Debug)."""
+    _native.set_fast_path(not config.launch_blocking)
 
 
 def execute(spec: OpSpec, lowering: Lowering, via_functional: bool, *args, **kwargs):
