@@ -6,7 +6,6 @@ key of every program here includes it.
 from __future__ import annotations
 
 import jax.numpy as jnp
-from jax import lax
 
 from torch_tpu import precision
 from torch_tpu.ops.registry import aten, lowers
@@ -14,13 +13,7 @@ from torch_tpu.ops.registry import aten, lowers
 
 def _matmul(a, b):
     """a @ b with PyTorch's accumulation (float32 for low-precision floats) and the precision policy."""
-    out_dtype = a.dtype
-    if jnp.issubdtype(a.dtype, jnp.integer) or a.dtype == jnp.bool_:
-        return jnp.matmul(a, b, preferred_element_type=a.dtype)
-    if a.dtype == jnp.float32:
-        return precision.matmul_f32(a, b)
-    acc = jnp.float32 if a.dtype in (jnp.bfloat16, jnp.float16) else a.dtype
-    return jnp.matmul(a, b, preferred_element_type=acc, precision=lax.Precision.HIGHEST).astype(out_dtype)
+    return precision.matmul(a, b)
 
 
 @lowers(aten.mm.default, precision=True)
@@ -33,9 +26,14 @@ def bmm(a, b):
     return _matmul(a, b)
 
 
-@lowers(aten.dot.default, aten.vdot.default, precision=True)
+@lowers(aten.dot.default, precision=True)
 def dot(a, b):
     return _matmul(a, b)
+
+
+@lowers(aten.vdot.default, precision=True)
+def vdot(a, b):
+    return _matmul(jnp.conj(a), b)  # conj is the identity on real dtypes
 
 
 @lowers(aten.mv.default, precision=True)
