@@ -115,8 +115,10 @@ def test_torch_setting_is_honoured(torch_default, level):
 
 def test_generic_fp32_precision_is_honoured(torch_default):
     """PyTorch's new API, torch.backends.fp32_precision = "ieee", means "highest" on tpu too."""
-    torch.backends.fp32_precision = "ieee"
-    assert precision.matmul_precision() == "highest"
+    # The context manager, not assignment: torch.testing's common_utils freezes torch.backends flags when imported.
+    with torch.backends.flags(fp32_precision="ieee"):
+        assert precision.matmul_precision() == "highest"
+    assert precision.matmul_precision() == "medium"
 
 
 def test_cuda_only_switch_does_not_apply(torch_default):
@@ -260,6 +262,25 @@ def test_low_precision_and_exact_dtypes_unchanged(torch_default):
     assert torch.equal((ai.to(TPU) @ bi.to(TPU)).cpu(), ai @ bi)
 
 
+@pytest.mark.parametrize("form", ["functional", "out", "inplace"])
+def test_low_precision_bias_rounds_once(form):
+    """bfloat16 linear/addmm adds the bias to the float32 accumulator and rounds once, as PyTorch does."""
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(64, 256, generator=g).bfloat16(), torch.randn(128, 256, generator=g).bfloat16()
+    bias = (torch.randn(128, generator=g) * 30).bfloat16()
+    expected = (x.double() @ w.double().T + bias.double()).bfloat16()
+    assert torch.equal(F.linear(x, w, bias), expected)  # PyTorch CPU: one rounding
+    xt, wt, bt = x.to(TPU), w.to(TPU), bias.to(TPU)
+    if form == "functional":
+        actual = F.linear(xt, wt, bt)
+    elif form == "out":
+        actual = torch.empty(64, 128, dtype=torch.bfloat16, device=TPU)
+        torch.addmm(bt, xt, wt.T, out=actual)
+    else:
+        actual = bt.expand(64, 128).clone().addmm_(xt, wt.T)
+    assert torch.equal(actual.cpu(), expected)
+
+
 def test_high_keeps_infinities():
     """bf16x3 splitting does not turn an infinite operand into NaN (inf - inf)."""
     a = torch.ones(4, 4)
@@ -345,12 +366,15 @@ def test_helper_einsum_and_dot_general(torch_default):
     torch.testing.assert_close(actual, a @ b, rtol=2e-5, atol=2e-5)
 
 
-def test_helper_dtypes():
+def test_helper_dtypes(torch_default):
     """Helpers return the inputs' dtype: bf16 rounds once from float32 accumulation, ints stay exact."""
     import jax.numpy as jnp
 
     a = jnp.arange(12, dtype=jnp.bfloat16).reshape(3, 4)
     assert precision.matmul(a, a.T).dtype == jnp.bfloat16
+    assert precision.matmul(a, a.T, accumulator=True).dtype == jnp.float32  # unrounded, for a bias add
+    f = jnp.asarray(np.random.default_rng(0).standard_normal((8, K)), jnp.float32)
+    np.testing.assert_array_equal(np.asarray(precision.matmul_f32(f, f.T)), np.asarray(precision.matmul(f, f.T)))
     i = jnp.arange(12, dtype=jnp.int32).reshape(3, 4)
     out = precision.matmul(i, i.T)
     assert out.dtype == jnp.int32

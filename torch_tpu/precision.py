@@ -43,7 +43,9 @@ the dtype of the inputs, as in PyTorch):
     matmul_f32(a, b)                               float32 operands only
 
 float32 follows the policy; bfloat16/float16 accumulate in float32 and round
-back; float64 and complex run at full precision; integers are exact. A
+back (or, with `accumulator=True`, stay float32: round once after adding a
+bias, as PyTorch's addmm does); float64 and complex run at full precision;
+integers are exact. A
 lowering that calls a helper must be registered with `precision=True`: the
 level is then part of its program's cache key, and the program is traced at
 the level of its key (`bind`) wherever the trace runs (Strict or
@@ -190,7 +192,7 @@ _register_report()
 
 
 # ---------------------------------------------------------------- helpers for lowerings
-def _product(fn, a, b, *args, **kwargs):
+def _product(fn, a, b, *args, accumulator: bool = False, **kwargs):
     """fn(a, b, *args, **kwargs) for a bilinear JAX fn, at PyTorch's dtype rules and the policy."""
     import jax.numpy as jnp
     from jax import lax
@@ -203,7 +205,7 @@ def _product(fn, a, b, *args, **kwargs):
     if dtype in (jnp.bfloat16, jnp.float16):
         # NOTE(torch-vs-xla): PyTorch accumulates low-precision products in float32 and rounds once.
         out = fn(a, b, *args, precision=lax.Precision.HIGHEST, preferred_element_type=jnp.float32, **kwargs)
-        return out.astype(dtype)
+        return out if accumulator else out.astype(dtype)
     # NOTE(torch-vs-xla): float64 and complex products are exact in PyTorch; the policy is float32's only.
     return fn(a.astype(dtype), b.astype(dtype), *args, precision=lax.Precision.HIGHEST,
               preferred_element_type=dtype, **kwargs)
@@ -241,11 +243,11 @@ def _split(x):
     return hi, jnp.where(finite, hi, zero), lo
 
 
-def matmul(a, b):
+def matmul(a, b, *, accumulator: bool = False):
     """jnp.matmul(a, b) at the precision policy."""
     import jax.numpy as jnp
 
-    return _product(jnp.matmul, a, b)
+    return _product(jnp.matmul, a, b, accumulator=accumulator)
 
 
 def matmul_f32(a, b):
@@ -255,25 +257,25 @@ def matmul_f32(a, b):
     return _f32(jnp.matmul, a, b)
 
 
-def dot_general(lhs, rhs, dimension_numbers):
+def dot_general(lhs, rhs, dimension_numbers, *, accumulator: bool = False):
     """lax.dot_general(lhs, rhs, dimension_numbers) at the precision policy."""
     from jax import lax
 
-    return _product(lax.dot_general, lhs, rhs, dimension_numbers)
+    return _product(lax.dot_general, lhs, rhs, dimension_numbers, accumulator=accumulator)
 
 
-def einsum(subscripts: str, a, b):
+def einsum(subscripts: str, a, b, *, accumulator: bool = False):
     """jnp.einsum(subscripts, a, b) at the precision policy (two operands: contract more in pairs)."""
     import jax.numpy as jnp
 
     def fn(x, y, **kwargs):
         return jnp.einsum(subscripts, x, y, **kwargs)
 
-    return _product(fn, a, b)
+    return _product(fn, a, b, accumulator=accumulator)
 
 
-def conv_general_dilated(lhs, rhs, *args, **kwargs):
+def conv_general_dilated(lhs, rhs, *args, accumulator: bool = False, **kwargs):
     """lax.conv_general_dilated(lhs, rhs, ...) at the precision policy (same arguments)."""
     from jax import lax
 
-    return _product(lax.conv_general_dilated, lhs, rhs, *args, **kwargs)
+    return _product(lax.conv_general_dilated, lhs, rhs, *args, accumulator=accumulator, **kwargs)

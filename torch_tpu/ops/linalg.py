@@ -11,9 +11,9 @@ from torch_tpu import precision
 from torch_tpu.ops.registry import aten, lowers
 
 
-def _matmul(a, b):
+def _matmul(a, b, accumulator=False):
     """a @ b with PyTorch's accumulation (float32 for low-precision floats) and the precision policy."""
-    return precision.matmul(a, b)
+    return precision.matmul(a, b, accumulator=accumulator)
 
 
 @lowers(aten.mm.default, precision=True)
@@ -43,25 +43,27 @@ def mv(a, v):
 
 @lowers(aten.addmm.default, precision=True)
 def addmm(x, a, b, beta=1, alpha=1):
-    return _scaled(x, _matmul(a, b), beta, alpha)
+    return _scaled(x, _matmul(a, b, accumulator=True), beta, alpha)
 
 
 @lowers(aten.baddbmm.default, precision=True)
 def baddbmm(x, a, b, beta=1, alpha=1):
-    return _scaled(x, _matmul(a, b), beta, alpha)
+    return _scaled(x, _matmul(a, b, accumulator=True), beta, alpha)
 
 
 @lowers(aten.addmv.default, precision=True)
 def addmv(x, a, v, beta=1, alpha=1):
-    return _scaled(x, _matmul(a, v), beta, alpha)
+    return _scaled(x, _matmul(a, v, accumulator=True), beta, alpha)
 
 
 @lowers(aten.addbmm.default, precision=True)
 def addbmm(x, a, b, beta=1, alpha=1):
-    return _scaled(x, jnp.sum(_matmul(a, b), axis=0), beta, alpha)
+    return _scaled(x, jnp.sum(_matmul(a, b, accumulator=True), axis=0), beta, alpha)
 
 
 def _scaled(x, product, beta, alpha):
+    # NOTE(torch-vs-xla): low-precision products arrive in their float32 accumulator: PyTorch adds
+    # beta * x before rounding to bfloat16/float16 once (the program casts the result back).
     product = product * jnp.asarray(alpha).astype(product.dtype)
     beta = jnp.asarray(beta).astype(product.dtype)
     # NOTE(torch-vs-xla): with beta == 0 PyTorch ignores x entirely (its NaNs do not propagate).
