@@ -13,7 +13,7 @@ from torch_tpu import autocast
 from torch_tpu.eager import kernels
 from conftest import TPU
 
-with torch.random.fork_rng():  # PyTorch's autocast test cases, with reproducible inputs (built on CPU)
+with torch.random.fork_rng(devices=[]):  # PyTorch's autocast test cases, with reproducible inputs (built on CPU)
     torch.manual_seed(0)
     _CUDA = AutocastTestLists(torch.device("cpu"))  # CUDA's cases
     _CPU = AutocastCPUTestLists(torch.device("cpu"))

@@ -98,6 +98,7 @@ def test_default_is_medium(torch_default):
     """With nothing chosen, tpu float32 products run at "medium" and PyTorch's own setting stays "highest"."""
     assert precision.matmul_precision() == "medium"
     assert precision.source() == "default"
+    assert precision.torch_choice() is None
     a, b = _operands(((8, 8), (8, 8)))
     (a.to(TPU) @ b.to(TPU)).cpu()
     # We never write PyTorch's setting: CPU/CUDA numerics are untouched.
@@ -109,6 +110,7 @@ def test_default_is_medium(torch_default):
 def test_torch_setting_is_honoured(torch_default, level):
     """torch.set_float32_matmul_precision(level) sets the tpu level."""
     torch.set_float32_matmul_precision(level)
+    assert precision.torch_choice() == level
     assert precision.matmul_precision() == level
     assert precision.source() == "torch"
 

@@ -62,6 +62,8 @@ import warnings
 
 import torch
 
+from torch_tpu import metrics
+
 LEVELS = ("highest", "high", "medium")
 DEFAULT = "medium"
 
@@ -182,13 +184,7 @@ def _report() -> dict:
     return {"float32 matmul": f"{matmul_precision()} ({source()})", "float32 products traced": counts}
 
 
-def _register_report() -> None:
-    from torch_tpu import metrics
-
-    metrics.add_section("precision", _report)
-
-
-_register_report()
+metrics.add_section("precision", _report)
 
 
 # ---------------------------------------------------------------- helpers for lowerings
