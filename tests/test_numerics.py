@@ -92,10 +92,10 @@ def test_bad_reference():
 def test_cli_runs_demo_gpt(capsys):
     """`torch-tpu numerics` prints the per-layer table of the demo GPT, one column per precision."""
     code = cli.main(["numerics", "--layers", "1", "--embd", "32", "--heads", "2", "--seq", "16",
-                     "--precision", "medium,highest", "--depth", "1"])
+                     "--precision", "medium,highest", "--autocast", "bfloat16", "--depth", "1"])
     out = capsys.readouterr().out
     assert code == 0
-    assert "rel err medium" in out and "rel err highest" in out
+    assert "rel err medium" in out and "rel err highest" in out and "autocast bfloat16" in out
     assert "tok_emb" in out and "(model)" in out
 
 

@@ -93,8 +93,9 @@ def run(args: argparse.Namespace) -> int:
     model, inputs, kwargs = _demo_gpt(args) if args.model == "gpt" else _user_model(args.model)
     reference = getattr(torch, args.reference)
     comparisons = [numerics.compare(model, inputs, kwargs, reference=reference, precision=level) for level in levels]
-    if args.autocast:
-        comparisons.append(numerics.compare(model, inputs, kwargs, reference=reference, precision=levels[-1],
+    if args.autocast:  # at the one level asked for, else at the current level
+        level = levels[0] if len(levels) == 1 else None
+        comparisons.append(numerics.compare(model, inputs, kwargs, reference=reference, precision=level,
                                             autocast=getattr(torch, args.autocast)))
     print(numerics.table(*comparisons, max_depth=args.depth))
     return 0
