@@ -10,6 +10,7 @@ per argument, and one entry per storage slot. Argument entries:
     tuple of "T" entries / None                           a tensor list
     any hashable value                                    a static argument
 Slot entries are (buffer dtype or None if never written, storage nbytes).
+Lowerings flagged `precision` end the key with the float32 matmul precision.
 
 Everything an `OpProgram` needs derives from the key, so equal keys give equal
 programs. Its traced function maps (slot buffers, runtime scalars) to (fresh
@@ -26,7 +27,7 @@ import jax.numpy as jnp
 import torch
 from torch._prims_common import elementwise_dtypes
 
-from torch_tpu import metrics
+from torch_tpu import metrics, precision
 from torch_tpu.eager import strided
 from torch_tpu.eager.opspec import Arg, OpSpec
 from torch_tpu.ops.registry import Lowering
@@ -145,6 +146,8 @@ def build(key, spec: OpSpec, lowering: Lowering, scalars: list, via_functional: 
                                                 updated_slots, compute_dtype, scalars)
     trace = _make_trace(spec, lowering, key_args, slots, slot_dtypes, passed, input_slots, updated_slots, outputs,
                         compute_dtype)
+    if lowering.precision:  # products run at the level in the key, wherever and whenever the trace runs
+        trace = precision.bind(trace, key[-1])
     return OpProgram(key, spec, outputs, return_counts, input_slots, updated_slots, slot_dtypes, resize, trace, device)
 
 
