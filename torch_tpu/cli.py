@@ -13,6 +13,7 @@ import sys
 # command name -> module implementing it
 COMMANDS = {
     "info": "torch_tpu.cli_info",
+    "cache": "torch_tpu.cli_cache",
 }
 
 
