@@ -405,16 +405,19 @@ def reset_stats() -> None:
         _host.evictions -= evictions_base
 
 
-def clear(remote: bool = False) -> int:
-    """Forget level 1, empty level 2 (and level 3 if `remote`); the number of persistent entries removed."""
+def clear(host: bool = True, remote: bool = False) -> int:
+    """Forget level 1; empty level 2 if `host`, level 3 if `remote`. Returns the persistent entries removed.
+
+    Programs the executors already hold keep their executables.
+    """
     with _lock:
         _l1.clear()
         _compile_seconds.clear()
         _indexed.clear()
         removed = 0
-        host = host_store()
-        if host is not None:
-            removed += host.clear()
+        shared = host_store() if host else None
+        if shared is not None:
+            removed += shared.clear()
         if remote:
             far = remote_store()
             if far is not None:
