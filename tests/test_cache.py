@@ -332,3 +332,56 @@ def test_cli_info_and_clear(private_cache, capsys):
     assert cli.main(["cache", "clear"]) == 0
     assert "removed" in capsys.readouterr().out
     assert _files(private_cache, ".exe") == []
+
+
+def test_keys_name_the_program_and_its_device():
+    """Equal inputs give equal keys; another program, device or signature gives another key."""
+    d0, d1 = jax.devices("cpu")[:2]
+    text = "module @m { func.func public @main() { return } }"
+    assert cache.executable_key(text, d0) == cache.executable_key(text, d0)
+    assert cache.executable_key(text, d0) != cache.executable_key(text + " ", d0)
+    assert cache.executable_key(text, d0) != cache.executable_key(text, d1)  # XLA bakes in the device assignment
+    assert cache.executable_key(text, d0) != cache.executable_key(text, d0, ("opt",))
+    sig = (torch.ops.aten.mul.Tensor, 0, ("T", torch.float32, (3,), (1,), 0, 0), ((torch.float32, 12),))
+    other = (torch.ops.aten.add.Tensor, *sig[1:])
+    assert cache.program_key(sig, d0) == cache.program_key(sig, d0)
+    assert cache.program_key(sig, d0) != cache.program_key(other, d0)
+    assert len(cache.program_key(sig, d0)) == 64
+
+
+def test_configure_returns_previous_settings(tmp_path):
+    """configure() changes the settings in force and returns the old ones; configured() restores them."""
+    before = cache.settings()
+    with cache.configured(enabled=True, dir=str(tmp_path), max_bytes=1 << 20) as now:
+        assert now.dir == str(tmp_path) and cache.settings().max_bytes == 1 << 20
+        assert cache.host_store().path == str(tmp_path)
+        previous = cache.configure(url=f"file://{tmp_path}/remote")
+        assert previous.url is None and cache.remote_store() is not None
+    assert cache.settings() == before
+
+
+def test_reset_stats_zeroes_counters(private_cache):
+    """reset_stats() zeroes hits, misses and compiles (entries stay)."""
+    (torch.arange(47.0).to("tpu") - 1).cpu()
+    assert cache.stats()["compiles"] > 0
+    cache.reset_stats()
+    stats = cache.stats()
+    assert stats["compiles"] == 0 and stats["l2"]["misses"] == 0 and stats["index_misses"] == 0
+    assert _files(private_cache, ".exe")
+
+
+def test_cli_remote_info_and_clear(tmp_path, capsys):
+    """`cache info --remote` lists the remote level; `cache clear --remote` empties it too."""
+    from torch_tpu import cli
+
+    with cache.configured(enabled=True, dir=str(tmp_path / "l2"), url=f"file://{tmp_path}/remote"):
+        cache.clear(host=False)
+        (torch.arange(53.0).to("tpu") * 5).cpu()
+        assert cache.flush(30)
+        assert _files(tmp_path / "remote", ".exe")
+        assert cli.main(["cache", "info", "--remote"]) == 0
+        assert f"level 3 (remote): file://{tmp_path}/remote" in capsys.readouterr().out
+        assert cli.main(["cache", "clear", "--remote"]) == 0
+        assert "host directory and remote URL" in capsys.readouterr().out
+        assert _files(tmp_path / "remote", ".exe") == [] and _files(tmp_path / "l2", ".exe") == []
+    cache.clear(host=False)
