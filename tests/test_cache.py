@@ -385,3 +385,19 @@ def test_cli_remote_info_and_clear(tmp_path, capsys):
         assert "host directory and remote URL" in capsys.readouterr().out
         assert _files(tmp_path / "remote", ".exe") == [] and _files(tmp_path / "l2", ".exe") == []
     cache.clear(host=False)
+
+
+def test_programs_with_host_callbacks_stay_in_the_process(private_cache):
+    """A program that calls back into Python is kept in level 1 only, and still runs."""
+    device = jax.devices("cpu")[0]
+
+    def fn(x):
+        doubled = jax.pure_callback(lambda v: np.asarray(v) * 2, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
+        return doubled + 1
+
+    x = jax.device_put(np.arange(4, dtype=np.float32), device)
+    before = cache.stats()["process_bound"]
+    executable = cache.compile(jax.jit(fn).lower(x), device)
+    assert cache.stats()["process_bound"] == before + 1
+    assert _files(private_cache, ".exe") == []
+    np.testing.assert_allclose(np.asarray(executable(x)), np.arange(4) * 2 + 1)

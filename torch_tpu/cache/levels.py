@@ -92,6 +92,7 @@ _stats = Stats()
 _l1: dict[str, object] = {}  # executable key -> executable
 _compile_seconds: dict[str, float] = {}  # executable key -> its compile time (for "saved")
 _indexed: set[str] = set()  # program keys recorded by this process
+_unsaved: set[str] = set()  # executable keys kept in level 1 only (never worth an index record)
 _host: store.HostStore | None = None
 _host_opened = False
 _remote: store.RemoteStore | None = None
@@ -204,17 +205,18 @@ def _drop_corrupt(level, where, name, err) -> None:
         where.drop(name)
 
 
-def _write(name: str, blob: bytes) -> None:
+def _write(name: str, blob: bytes, remote: bool = True) -> None:
+    """Write an entry to level 2 now and queue it for level 3 (if `remote`)."""
     host = host_store()
     if host is not None:
         try:
             host.put(name, blob)
-        except OSError as err:
+        except OSError as err:  # a full /dev/shm, a directory removed under us
             _stats.write_errors += 1
             _warn_once("write", f"torch_tpu: could not write to the compile cache directory {host.path} ({err})")
-    remote = remote_store()
-    if remote is not None:
-        remote.put(name, blob)
+    far = remote_store() if remote else None
+    if far is not None:
+        far.put(name, blob)
 
 
 def _load(fp: str, device, in_tree, out_tree, count_misses: bool = True):
@@ -243,19 +245,10 @@ def _load(fp: str, device, in_tree, out_tree, count_misses: bool = True):
         level_stats.load_seconds += seconds
         level_stats.saved_seconds += max(0.0, compile_seconds - seconds)
         _compile_seconds[fp] = compile_seconds
-        if level == "l3" and host_store() is not None:
-            _write_host_only(fp + ".exe", blob)
+        if level == "l3":
+            _write(fp + ".exe", blob, remote=False)
         return loaded
     return None
-
-
-def _write_host_only(name: str, blob: bytes) -> None:
-    host = host_store()
-    try:
-        host.put(name, blob)
-    except OSError as err:
-        _stats.write_errors += 1
-        _warn_once("write", f"torch_tpu: could not write to the compile cache directory {host.path} ({err})")
 
 
 def _l1_get(fp: str):
@@ -270,7 +263,7 @@ def _l1_get(fp: str):
 
 def _remember(program_key: str | None, fp: str) -> None:
     """Record program key -> executable key in the persistent levels (once per process)."""
-    if program_key is None or program_key in _indexed or not _settings.enabled:
+    if program_key is None or program_key in _indexed or fp in _unsaved or not _settings.enabled:
         return
     _indexed.add(program_key)
     _write(program_key + ".idx", entry.encode(program_key, fp.encode(), kind="program"))
@@ -302,8 +295,8 @@ def lookup(program_key: str, device, in_tree, out_tree):
             return None
         _stats.index_hits += 1
         _indexed.add(program_key)
-        if level == "l3" and host_store() is not None:
-            _write_host_only(program_key + ".idx", blob)
+        if level == "l3":
+            _write(program_key + ".idx", blob, remote=False)
         _l1[fp] = result
         return result
 
@@ -327,6 +320,7 @@ def compile(lowered, device, program_key: str | None = None, options: tuple = ()
             return found
         if any(marker in text for marker in _PROCESS_BOUND):
             _stats.process_bound += 1
+            _unsaved.add(fp)
             result = _compile(lowered, fp, device, persist=False)
             _l1[fp] = result
             return result
@@ -363,6 +357,7 @@ def _compile(lowered, fp: str, device, persist: bool):
             payload = executable.serialize(compiled)
         except Exception as err:  # a backend that cannot serialize: keep it in level 1
             _stats.process_bound += 1
+            _unsaved.add(fp)
             logger.info("not persisting executable %s: %s", fp, err)
             return compiled
         blob = entry.encode(fp, payload, kind="executable", compile_seconds=seconds, in_tree=str(lowered.in_tree),
@@ -399,10 +394,9 @@ def stats() -> dict:
 def reset_stats() -> None:
     """Zero the counters (entries stay)."""
     global _stats
-    evictions_base = _host.evictions if _host is not None else 0
     _stats = Stats()
     if _host is not None:
-        _host.evictions -= evictions_base
+        _host.evictions = 0
 
 
 def clear(host: bool = True, remote: bool = False) -> int:
@@ -414,6 +408,7 @@ def clear(host: bool = True, remote: bool = False) -> int:
         _l1.clear()
         _compile_seconds.clear()
         _indexed.clear()
+        _unsaved.clear()
         removed = 0
         shared = host_store() if host else None
         if shared is not None:
