@@ -60,7 +60,8 @@ losses = [step(i + 1) for i in range(STEPS)]
 T3 = time.perf_counter()
 C3 = time.process_time()
 print("RESULT " + json.dumps({
-    "from_start": T2 - T0, "first_step": T2 - T1, "imports": T1 - T0, "steady": (T3 - T2) / STEPS, "steady_cpu": (C3 - C2) / STEPS,
+    "from_start": T2 - T0, "first_step": T2 - T1, "imports": T1 - T0,
+    "steady": (T3 - T2) / STEPS, "steady_cpu": (C3 - C2) / STEPS,
     "loss": first_loss, "losses": losses, "compiled": metrics.counts.programs_compiled,
     "precision": torch.get_float32_matmul_precision(), "stats": cache.stats(),
 }))

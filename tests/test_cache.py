@@ -1,4 +1,4 @@
-"""The compile cache across processes: level 2 hits, single-flight, remote level (file:// and S3), corruption, security."""
+"""The compile cache across processes: level-2 hits, single-flight, remote (file://, S3), corruption, security."""
 import json
 import os
 import shutil

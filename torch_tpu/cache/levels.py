@@ -438,4 +438,12 @@ def _report() -> dict:
     return rows
 
 
+def _after_fork_in_child() -> None:
+    # The remote writer thread and a lock held by another thread do not survive fork.
+    global _lock, _remote, _remote_opened
+    _lock = threading.RLock()
+    _remote, _remote_opened = None, False
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 metrics.add_section("compile cache", _report)
