@@ -30,6 +30,7 @@ test-all: test test-heavy
 
 bench: install
 	$(PYTHON) bench/op_overhead.py
+	$(PYTHON) bench/cold_warm.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info torch_tpu/*.so

@@ -14,6 +14,7 @@ import sys
 COMMANDS = {
     "info": "torch_tpu.cli_info",
     "numerics": "torch_tpu.cli_numerics",
+    "cache": "torch_tpu.cli_cache",
 }
 
 

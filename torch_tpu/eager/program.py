@@ -20,14 +20,13 @@ defer-and-fuse executor traces many of them into one program.
 from __future__ import annotations
 
 import math
-import time
 
 import jax
 import jax.numpy as jnp
 import torch
 from torch._prims_common import elementwise_dtypes
 
-from torch_tpu import metrics, precision
+from torch_tpu import cache, precision
 from torch_tpu.eager import strided
 from torch_tpu.eager.opspec import Arg, OpSpec
 from torch_tpu.ops.registry import Lowering
@@ -71,7 +70,7 @@ class OpProgram:
     """Everything derived from one signature; `executable` is jitted on first strict use."""
 
     __slots__ = ("key", "spec", "outputs", "layouts", "return_counts", "input_slots", "updated_slots", "slot_dtypes",
-                 "resize", "trace", "executable", "device", "fast")
+                 "resize", "trace", "executable", "device", "fast", "lowering")
 
     def __init__(self, key, spec, outputs, return_counts, input_slots, updated_slots, slot_dtypes, resize, trace,
                  device):
@@ -88,6 +87,7 @@ class OpProgram:
         self.executable = None
         self.device = device
         self.fast = None  # what the native cache-hit path needs, once the executable exists
+        self.lowering = None  # the Lowering it was built from
 
     def enable_fast_path(self) -> None:
         """Hand the native cache-hit path everything it needs (not for out= resizes)."""
@@ -148,7 +148,10 @@ def build(key, spec: OpSpec, lowering: Lowering, scalars: list, via_functional: 
                         compute_dtype)
     if lowering.precision:  # products run at the level in the key, wherever and whenever the trace runs
         trace = precision.bind(trace, key[-1])
-    return OpProgram(key, spec, outputs, return_counts, input_slots, updated_slots, slot_dtypes, resize, trace, device)
+    program = OpProgram(key, spec, outputs, return_counts, input_slots, updated_slots, slot_dtypes, resize, trace,
+                        device)
+    program.lowering = lowering
+    return program
 
 
 def _meta_tensor(entry):
@@ -321,10 +324,27 @@ def _rng_key(parts):
 
 
 def compile_program(program: OpProgram, sharding, slot_arrays, scalars):
-    """jit the program for its device and count the compilation."""
-    start = time.perf_counter()
-    compiled = jax.jit(program.trace, out_shardings=sharding).lower(slot_arrays, scalars).compile()
-    metrics.record_compile(time.perf_counter() - start)
-    program.executable = compiled
+    """The program's executable for its device, through the compile cache (cache/)."""
+    (device,) = sharding.device_set
+    program_key = cache.program_key(program.key, device) if _indexable(program) else None
+    executable = None
+    if program_key is not None:  # the trees jit would give: ((slot arrays, scalars), {}) -> (fresh, updated)
+        in_tree = jax.tree_util.tree_structure((([0] * len(slot_arrays), [0] * len(scalars)), {}))
+        n_fresh = sum(meta is not None for meta in program.outputs)
+        out_tree = jax.tree_util.tree_structure(([0] * n_fresh, [0] * len(program.updated_slots)))
+        executable = cache.lookup(program_key, device, in_tree, out_tree)
+    if executable is None:
+        # keep_unused: a cached executable is called with every flat argument.
+        lowered = jax.jit(program.trace, out_shardings=sharding, keep_unused=True).lower(slot_arrays, scalars)
+        executable = cache.compile(lowered, device, program_key=program_key)
+    program.executable = executable
     program.enable_fast_path()
-    return compiled
+    return executable
+
+
+def _indexable(program: OpProgram) -> bool:
+    """Whether the signature alone determines the program (see cache/key.py): aten ops lowered by our code or JAX."""
+    if not cache.settings().enabled or program.lowering is None:
+        return False
+    module = getattr(program.lowering.fn, "__module__", None) or ""
+    return program.spec.op.namespace == "aten" and module.split(".")[0] in ("torch_tpu", "jax")
