@@ -265,6 +265,7 @@ enum ArgKind { kTensor = 0, kOptTensor, kTensorList, kOptTensorList, kScalar, kO
 struct SignatureBuilder {
   std::vector<uint64_t> addresses;
   std::vector<int64_t> nbytes;
+  py::list* scalars = nullptr;  // runtime scalars, in argument order
   int device = -1;
   bool ok = true;
 
@@ -285,7 +286,10 @@ struct SignatureBuilder {
       nbytes.push_back(static_cast<int64_t>(s.nbytes()));
     }
     py::object dtype = py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(torch::getTHPDtype(t.scalar_type())));
-    return py::make_tuple("T", dtype, int_tuple(t.sizes()), int_tuple(t.strides()), t.storage_offset(), slot);
+    // A nonzero storage offset is a runtime scalar (-1 marks it): x[i] for every i shares one program.
+    int64_t offset = t.storage_offset();
+    if (offset != 0) scalars->append(py::int_(offset));
+    return py::make_tuple("T", dtype, int_tuple(t.sizes()), int_tuple(t.strides()), offset == 0 ? 0 : -1, slot);
   }
 };
 
@@ -317,6 +321,7 @@ bool build_signature(py::handle op, py::tuple kinds, py::list full, py::dict& bu
                      Signature& sig) {
   size_t n = kinds.size();
   SignatureBuilder b;
+  b.scalars = &sig.scalars;
   py::tuple key(n + 3);
   key[0] = op;
   for (size_t i = 0; i < n; ++i) {

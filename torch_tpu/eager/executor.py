@@ -86,7 +86,10 @@ def signature(spec: OpSpec, lowering: Lowering, full: list):
             slot = slot_of[address] = len(slot_addresses)
             slot_addresses.append(address)
             slot_nbytes.append(nbytes)
-        return (_TENSOR, dtype, sizes, strides, offset, slot)
+        if offset:  # a runtime scalar: one program serves every offset
+            scalars.append(offset)
+            return (_TENSOR, dtype, sizes, strides, program_mod.DYNAMIC, slot)
+        return (_TENSOR, dtype, sizes, strides, 0, slot)
 
     writes = spec.writes
     for i, (kind, value) in enumerate(zip(spec.kinds, full)):

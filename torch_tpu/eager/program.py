@@ -3,7 +3,9 @@
 A signature (the cache key) is a cheap tuple: the op, the device, one entry
 per argument, and one entry per storage slot. Argument entries:
 
-    ("T", dtype, sizes, strides, storage_offset, slot)   a tpu tensor
+    ("T", dtype, sizes, strides, offset, slot)           a tpu tensor; offset is 0, or DYNAMIC when its
+                                                          storage offset is nonzero (then a runtime scalar,
+                                                          so x[i] for every i shares one program)
     ("C", dtype)                                          a 0-dim CPU tensor (runtime scalar)
     ("S", type)                                           a runtime Python scalar
     ("L", (type, ...))                                    a runtime scalar list
@@ -33,6 +35,7 @@ from torch_tpu.ops.registry import Lowering
 from torch_tpu.runtime import dtypes
 
 TENSOR, CPU_SCALAR, SCALAR, SCALAR_LIST = "T", "C", "S", "L"
+DYNAMIC = -1  # the offset field of a tensor entry whose storage offset is a runtime scalar
 RNG_SCALARS = 4  # seed lo/hi, offset lo/hi appended to the runtime scalars
 
 _TENSOR_KINDS = (Arg.TENSOR, Arg.OPT_TENSOR)
@@ -115,8 +118,8 @@ def build(key, spec: OpSpec, lowering: Lowering, scalars: list, via_functional: 
     slots = key[2 + spec.n_args]
 
     # PyTorch's own output metadata and error messages: run the op on meta tensors.
-    meta_args = _rebuild(spec, key_args, scalars, _meta_tensor, lambda v, t: v,
-                         lambda v, dtype: torch.empty((), dtype=dtype, device="meta"), lambda vs, ts: list(vs))
+    meta_args, _ = _rebuild(spec, key_args, scalars, _meta_tensor, lambda v, t: v,
+                            lambda v, dtype: torch.empty((), dtype=dtype, device="meta"), lambda vs, ts: list(vs))
     if "device" in spec.index:  # factories: build on meta, not on tpu
         meta_args[spec.index["device"]] = torch.device("meta")
     outputs, return_counts, resize = _meta_outputs(spec, meta_args, key_args)
@@ -154,15 +157,30 @@ def build(key, spec: OpSpec, lowering: Lowering, scalars: list, via_functional: 
     return program
 
 
-def _meta_tensor(entry):
+def _meta_tensor(entry, offset):
     return torch.empty_strided(entry[2], entry[3], dtype=entry[1], device="meta")
 
 
-def _rebuild(spec: OpSpec, key_args, scalars, make_tensor, make_scalar, make_cpu, make_list) -> list:
-    """Turn key entries back into call arguments with the given constructors."""
+def _rebuild(spec: OpSpec, key_args, scalars, make_tensor, make_scalar, make_cpu, make_list):
+    """Turn key entries back into call arguments with the given constructors.
+
+    Runtime scalars are consumed in argument order, a tensor's dynamic storage
+    offset included. Returns (arguments, {(argument index, list index): offset}).
+    """
     out = []
+    offsets = {}
     position = 0
-    for kind, entry in zip(spec.kinds, key_args):
+
+    def tensor(i, j, entry):
+        nonlocal position
+        offset = 0
+        if entry[4] == DYNAMIC:
+            offset = scalars[position]
+            position += 1
+        offsets[(i, j)] = offset
+        return make_tensor(entry, offset)
+
+    for i, (kind, entry) in enumerate(zip(spec.kinds, key_args)):
         if entry is None or kind == Arg.GENERATOR:
             out.append(None)
         elif kind in _TENSOR_KINDS:
@@ -173,9 +191,9 @@ def _rebuild(spec: OpSpec, key_args, scalars, make_tensor, make_scalar, make_cpu
                 out.append(make_scalar(scalars[position], entry[1]))
                 position += 1
             else:
-                out.append(make_tensor(entry))
+                out.append(tensor(i, 0, entry))
         elif kind in _LIST_KINDS:
-            out.append([None if e is None else make_tensor(e) for e in entry])
+            out.append([None if e is None else tensor(i, j, e) for j, e in enumerate(entry)])
         elif kind in (Arg.SCALAR, Arg.OPT_SCALAR) and type(entry) is tuple and entry[0] == SCALAR:
             out.append(make_scalar(scalars[position], entry[1]))
             position += 1
@@ -187,7 +205,7 @@ def _rebuild(spec: OpSpec, key_args, scalars, make_tensor, make_scalar, make_cpu
             out.append(entry[1])
         else:
             out.append(entry)
-    return out
+    return out, offsets
 
 
 def _is_meta_gap(err: Exception) -> bool:
@@ -267,13 +285,13 @@ def _make_trace(spec, lowering, key_args, slots, slot_dtypes, passed, input_slot
                 if bufs[index] is None:
                     bufs[index] = jnp.zeros((length,), jdtype)
 
-            def read(entry):
-                _, dtype, sizes, strides, offset, slot = entry
+            def read(entry, offset):
+                _, dtype, sizes, strides, _, slot = entry
                 return strided.read(strided.reinterpret(bufs[slot], dtypes.to_jax(dtype)), sizes, strides, offset)
 
             call_scalars = scalars[: len(scalars) - n_rng]
-            args = _rebuild(spec, key_args, call_scalars, read, lambda v, t: v,
-                            lambda v, dtype: jnp.asarray(v, dtypes.to_jax(dtype)), lambda vs, ts: list(vs))
+            args, offsets = _rebuild(spec, key_args, call_scalars, read, lambda v, t: v,
+                                     lambda v, dtype: jnp.asarray(v, dtypes.to_jax(dtype)), lambda vs, ts: list(vs))
             if jax_compute is not None:
                 args = [_cast(a, jax_compute) if i in promoted else a for i, a in enumerate(args)]
             kwargs = {"key": _rng_key(scalars[-RNG_SCALARS:])} if n_rng else {}
@@ -290,11 +308,15 @@ def _make_trace(spec, lowering, key_args, slots, slot_dtypes, passed, input_slot
                 for v, m in zip(fresh, outputs) if m is not None
             ]
             for arg_index, value in zip(writes, results[n_fresh:]):
-                targets = tensor_entries(spec.kinds[arg_index], key_args[arg_index])
+                entry = key_args[arg_index]
+                targets = [(0, entry)] if spec.kinds[arg_index] in _TENSOR_KINDS else list(enumerate(entry))
                 values = value if isinstance(value, (list, tuple)) else [value]
-                for (_, dtype, sizes, strides, offset, slot), v in zip(targets, values):
+                for (j, target), v in zip(targets, values):
+                    if target is None:
+                        continue
+                    _, dtype, sizes, strides, _, slot = target
                     buf = strided.reinterpret(bufs[slot], dtypes.to_jax(dtype))
-                    buf = strided.write(buf, jnp.asarray(v), sizes, strides, offset)
+                    buf = strided.write(buf, jnp.asarray(v), sizes, strides, offsets[(arg_index, j)])
                     bufs[slot] = strided.reinterpret(buf, slot_layout[slot][0])
             return fresh_buffers, [bufs[i] for i in updated_slots]
 
