@@ -1,4 +1,6 @@
-"""Reductions and scans: sum, mean, prod, max/min, arg-max/min, var/std, any/all, cumsum, norms.
+"""Reductions and scans: sum, mean, prod, max/min, arg-max/min, var/std, any/all, norms,
+cumulative scans (cumsum/cumprod/cummax/cummin/logcumsumexp), order statistics
+(median, kthvalue, mode) and histograms.
 
 NOTE(torch-vs-xla): PyTorch accumulates float16/bfloat16 reductions in
 float32 and integer/bool sums in int64; we do the same explicitly.
@@ -186,7 +188,7 @@ def cumprod(x, dim, dtype=None):
     return jnp.cumprod(_acc(x, dtype), axis=dim)
 
 
-@lowers(aten.linalg_vector_norm.default)
+@lowers(aten.linalg_vector_norm.default, static_scalars=True)
 def linalg_vector_norm(x, ord=2, dim=None, keepdim=False, dtype=None):
     a = jnp.abs(_acc(x, dtype))
     axes = _axes(x, dim)
@@ -206,3 +208,147 @@ def linalg_vector_norm(x, ord=2, dim=None, keepdim=False, dtype=None):
 @lowers(aten.count_nonzero.dim_IntList)
 def count_nonzero(x, dim):
     return jnp.sum(x != 0, axis=_axes(x, dim)).astype(jnp.int64)
+
+
+# ---------------------------------------------------------------- scans
+def _scan_select(x, dim, later_wins):
+    """Running (value, index) where a later element replaces the current one if `later_wins(new, current)`."""
+    if x.ndim == 0:
+        return x, jnp.zeros((), jnp.int64)
+    dim = dim % x.ndim
+    index = lax.broadcasted_iota(jnp.int64, x.shape, dim)
+
+    def combine(a, b):
+        take = later_wins(b[0], a[0])
+        return jnp.where(take, b[0], a[0]), jnp.where(take, b[1], a[1])
+
+    return lax.associative_scan(combine, (x, index), axis=dim)
+
+
+def _isnan(v):
+    return jnp.isnan(v) if jnp.issubdtype(v.dtype, jnp.inexact) else jnp.zeros(v.shape, jnp.bool_)
+
+
+@lowers(aten.cummax.default)
+def cummax(x, dim):
+    # PyTorch: ties take the later index; a NaN sticks (a later NaN takes over).
+    return _scan_select(x, dim, lambda new, cur: (new >= cur) | _isnan(new))
+
+
+@lowers(aten.cummin.default)
+def cummin(x, dim):
+    return _scan_select(x, dim, lambda new, cur: (new <= cur) | _isnan(new))
+
+
+@lowers(aten._logcumsumexp.default)
+def logcumsumexp(x, dim):
+    if x.ndim == 0:
+        return x
+    a = _acc(x) if jnp.issubdtype(x.dtype, jnp.floating) else x
+    return lax.cumlogsumexp(a, axis=dim % x.ndim)
+
+
+# ---------------------------------------------------------------- order statistics
+def _sorted_along(x, dim):
+    """(sorted values, their original indices) along `dim`, NaN last, stable."""
+    order = jnp.argsort(x, axis=dim, stable=True)
+    return jnp.take_along_axis(x, order, axis=dim), order.astype(jnp.int64)
+
+
+def _pick(values, order, position, dim, keepdim):
+    position = jnp.expand_dims(position, dim)
+    v = jnp.take_along_axis(values, position, axis=dim)
+    i = jnp.take_along_axis(order, position, axis=dim)
+    return (v, i) if keepdim else (jnp.squeeze(v, dim), jnp.squeeze(i, dim))
+
+
+def _median(x, dim, keepdim, ignore_nan):
+    """PyTorch's median: the lower of the two middle values, with its index."""
+    if x.ndim == 0:
+        return x, jnp.zeros((), jnp.int64)
+    dim = dim % x.ndim
+    values, order = _sorted_along(x, dim)
+    nan = _isnan(x)
+    n = x.shape[dim]
+    if ignore_nan:
+        count = jnp.sum(~nan, axis=dim)
+        position = jnp.maximum((count - 1) // 2, 0)
+        return _pick(values, order, position, dim, keepdim)
+    v, i = _pick(values, order, jnp.full(values.shape[:dim] + values.shape[dim + 1:], (n - 1) // 2), dim, keepdim)
+    # NOTE(torch-vs-xla): a row holding NaN has median NaN at the index of its first NaN.
+    has_nan = jnp.any(nan, axis=dim, keepdims=keepdim)
+    first_nan = jnp.argmax(nan, axis=dim, keepdims=keepdim).astype(jnp.int64)
+    return jnp.where(has_nan, jnp.asarray(jnp.nan, x.dtype) if jnp.issubdtype(x.dtype, jnp.inexact) else v, v), \
+        jnp.where(has_nan, first_nan, i)
+
+
+@lowers(aten.median.dim)
+def median_dim(x, dim, keepdim=False):
+    return _median(x, dim, keepdim, ignore_nan=False)
+
+
+@lowers(aten.nanmedian.dim)
+def nanmedian_dim(x, dim, keepdim=False):
+    return _median(x, dim, keepdim, ignore_nan=True)
+
+
+@lowers(aten.median.default)
+def median_all(x):
+    return _median(x.reshape(-1), 0, False, ignore_nan=False)[0]
+
+
+@lowers(aten.nanmedian.default)
+def nanmedian_all(x):
+    return _median(x.reshape(-1), 0, False, ignore_nan=True)[0]
+
+
+@lowers(aten.kthvalue.default)
+def kthvalue(x, k, dim=-1, keepdim=False):
+    if x.ndim == 0:
+        return x, jnp.zeros((), jnp.int64)
+    dim = dim % x.ndim
+    values, order = _sorted_along(x, dim)
+    return _pick(values, order, jnp.full(values.shape[:dim] + values.shape[dim + 1:], k - 1), dim, keepdim)
+
+
+@lowers(aten.mode.default)
+def mode(x, dim=-1, keepdim=False):
+    """The most frequent value (the smallest among equally frequent ones) and its last index."""
+    if x.ndim == 0:
+        return x, jnp.zeros((), jnp.int64)
+    dim = dim % x.ndim
+    moved = jnp.moveaxis(x, dim, -1)
+    values, order = _sorted_along(moved, -1)
+    starts = jnp.concatenate([jnp.ones(values.shape[:-1] + (1,), jnp.bool_), values[..., 1:] != values[..., :-1]], -1)
+    run_id = jnp.cumsum(starts, axis=-1) - 1
+    position = lax.broadcasted_iota(jnp.int64, values.shape, values.ndim - 1)
+    run_start = jnp.take_along_axis(
+        lax.cummax(jnp.where(starts, position, 0), axis=values.ndim - 1), position, axis=-1)
+    run_length = position - run_start + 1  # length of the run so far, at each element
+    # The end of the longest run (first such run: smallest value); ties within a value pick its largest index.
+    best_end = jnp.argmax(run_length, axis=-1)
+    best_run = jnp.take_along_axis(run_id, best_end[..., None], axis=-1)
+    in_run = run_id == best_run
+    value = jnp.take_along_axis(values, best_end[..., None], axis=-1)[..., 0]
+    index = jnp.max(jnp.where(in_run, order, -1), axis=-1)
+    if keepdim:
+        value, index = jnp.expand_dims(value, dim), jnp.expand_dims(index, dim)
+    return value, index.astype(jnp.int64)
+
+
+# ---------------------------------------------------------------- histograms
+@lowers(aten.histc.default, static_scalars=True)
+def histc(x, bins=100, min=0, max=0):
+    a = x.reshape(-1)
+    lo = jnp.asarray(min, a.dtype)
+    hi = jnp.asarray(max, a.dtype)
+    if min == max:  # PyTorch: the data's own range (values, not shapes: stays in the program)
+        lo, hi = jnp.min(a), jnp.max(a)
+        same = lo == hi
+        lo, hi = jnp.where(same, lo - 1, lo), jnp.where(same, hi + 1, hi)
+    width = (hi - lo).astype(a.dtype)
+    position = ((a - lo) / width * bins).astype(jnp.int64)  # PyTorch's formula, same rounding
+    position = jnp.where(a == hi, bins - 1, position)
+    inside = (a >= lo) & (a <= hi) & ~_isnan(a)
+    return jnp.zeros((bins,), a.dtype).at[jnp.where(inside, position, bins)].add(
+        jnp.ones_like(a), mode="drop")
