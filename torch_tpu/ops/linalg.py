@@ -1,11 +1,24 @@
-"""Matrix products: mm, bmm, addmm, baddbmm, dot, mv.
+"""Linear algebra: matrix products (mm, bmm, addmm, baddbmm, dot, mv) and torch.linalg's
+factorizations and solvers (cholesky, lu, qr, svd, eigh, eig, solve, inv, det, lstsq...).
 
 Float32 products follow the float32 matmul precision (precision.py): the
-key of every program here includes it.
+key of every program that makes one includes it. Factorizations and
+triangular solves run at HIGHEST precision whatever the policy: their inner
+products are part of an algorithm, and one-pass bfloat16 there loses the
+answer, not a few bits.
+
+NOTE(torch-vs-xla): LU pivots are 0-based row swaps in XLA, 1-based (LAPACK)
+in PyTorch; failing factorizations give NaN in XLA where LAPACK stops early:
+`info` is derived from the factors (first non-finite or zero pivot).
 """
 from __future__ import annotations
 
+import functools
+import math
+
+import jax
 import jax.numpy as jnp
+import jax.scipy.linalg as jsl
 from jax import lax
 
 from torch_tpu import precision
@@ -33,9 +46,14 @@ def bmm(a, b):
     return _matmul(a, b)
 
 
-@lowers(aten.dot.default, aten.vdot.default, precision=True)
+@lowers(aten.dot.default, precision=True)
 def dot(a, b):
     return _matmul(a, b)
+
+
+@lowers(aten.vdot.default, precision=True)
+def vdot(a, b):
+    return _matmul(jnp.conj(a), b)
 
 
 @lowers(aten.mv.default, precision=True)
@@ -68,3 +86,385 @@ def _scaled(x, product, beta, alpha):
     beta = jnp.asarray(beta).astype(product.dtype)
     # NOTE(torch-vs-xla): with beta == 0 PyTorch ignores x entirely (its NaNs do not propagate).
     return jnp.where(beta == 0, jnp.zeros((), product.dtype), x.astype(product.dtype) * beta) + product
+
+
+# ---------------------------------------------------------------- factorizations
+def _highest(fn):
+    """Trace `fn` with every inner matrix product at full precision."""
+
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs):
+        with jax.default_matmul_precision("highest"):
+            return fn(*args, **kwargs)
+
+    return wrapped
+
+
+def _mT(x):
+    return jnp.swapaxes(x, -1, -2)
+
+
+def _mH(x):
+    return jnp.conj(_mT(x))
+
+
+def _batch_broadcast(a, b, b_is_vector=False):
+    """Broadcast the batch dims of a (..., m, n) and b (..., m, k) (or (..., m) if b_is_vector)."""
+    tail = 1 if b_is_vector else 2
+    batch = jnp.broadcast_shapes(a.shape[:-2], b.shape[:-tail])
+    return jnp.broadcast_to(a, batch + a.shape[-2:]), jnp.broadcast_to(b, batch + b.shape[-tail:])
+
+
+def _first_failure(bad):
+    """PyTorch's `info`: 1 + the index of the first failing pivot, 0 if none (int32, batch shape)."""
+    if bad.shape[-1] == 0:
+        return jnp.zeros(bad.shape[:-1], jnp.int32)
+    return jnp.where(jnp.any(bad, axis=-1), jnp.argmax(bad, axis=-1) + 1, 0).astype(jnp.int32)
+
+
+def _eye_like(x, n=None):
+    n = x.shape[-1] if n is None else n
+    return jnp.broadcast_to(jnp.eye(n, dtype=x.dtype), x.shape[:-2] + (n, n))
+
+
+@lowers(aten.linalg_cholesky_ex.default)
+@_highest
+def linalg_cholesky_ex(a, upper=False, check_errors=False):
+    # PyTorch reads one triangle (lower, or upper for upper=True): no symmetrization.
+    source = _mH(a) if upper else a
+    factor = lax.linalg.cholesky(source, symmetrize_input=False)
+    info = _first_failure(~jnp.isfinite(jnp.diagonal(factor, axis1=-2, axis2=-1)))
+    factor = jnp.tril(factor)
+    return (_mH(factor) if upper else factor), info
+
+
+@lowers(aten.cholesky.default)
+def cholesky(a, upper=False):
+    return linalg_cholesky_ex(a, upper)[0]
+
+
+def _triangular(a, b, lower, left=True, transpose=False, conjugate=False, unit=False):
+    a, b = _batch_broadcast(a, b)
+    return lax.linalg.triangular_solve(a, b, left_side=left, lower=lower, transpose_a=transpose,
+                                       conjugate_a=conjugate, unit_diagonal=unit)
+
+
+def _cholesky_solve(b, factor, upper):
+    # A = L L^H (or U^H U): solve L y = b, then L^H x = y.
+    if upper:
+        y = _triangular(factor, b, lower=False, transpose=True, conjugate=True)
+        return _triangular(factor, y, lower=False)
+    y = _triangular(factor, b, lower=True)
+    return _triangular(factor, y, lower=True, transpose=True, conjugate=True)
+
+
+@lowers(aten._cholesky_solve_helper.default)
+@_highest
+def cholesky_solve_helper(b, factor, upper):
+    return _cholesky_solve(b, factor, upper)
+
+
+@lowers(aten.cholesky_inverse.default)
+@_highest
+def cholesky_inverse(factor, upper=False):
+    return _cholesky_solve(_eye_like(factor), factor, upper)
+
+
+@lowers(aten.linalg_solve_triangular.default)
+@_highest
+def linalg_solve_triangular(a, b, upper, left=True, unitriangular=False):
+    return _triangular(a, b, lower=not upper, left=left, unit=unitriangular)
+
+
+@lowers(aten.triangular_solve.default)
+@_highest
+def triangular_solve(b, a, upper=True, transpose=False, unitriangular=False):
+    a_b, _ = _batch_broadcast(a, b)
+    return _triangular(a, b, lower=not upper, transpose=transpose, unit=unitriangular), a_b
+
+
+# ---------------------------------------------------------------- LU and what is built on it
+def _lu(a):
+    """(LU, 1-based int32 pivots, permutation) of a (..., m, n)."""
+    lu, pivots, permutation = lax.linalg.lu(a)
+    return lu, (pivots + 1).astype(jnp.int32), permutation
+
+
+def _lu_info(lu):
+    diagonal = jnp.diagonal(lu, axis1=-2, axis2=-1)
+    return _first_failure(diagonal == 0)
+
+
+def _lu_solve(lu, permutation, b, adjoint=False):
+    """Solve A x = b (or A^H x = b) for A = P L U given as (lu, permutation); b is (..., n, k)."""
+    lu, b = _batch_broadcast(lu, b)
+    permutation = jnp.broadcast_to(permutation, lu.shape[:-1])
+    if not adjoint:
+        pb = jnp.take_along_axis(b, permutation[..., None], axis=-2)
+        y = lax.linalg.triangular_solve(lu, pb, left_side=True, lower=True, unit_diagonal=True)
+        return lax.linalg.triangular_solve(lu, y, left_side=True, lower=False)
+    # A^H = U^H L^H P^T: solve U^H y = b, L^H z = y, x = P z.
+    y = lax.linalg.triangular_solve(lu, b, left_side=True, lower=False, transpose_a=True, conjugate_a=True)
+    z = lax.linalg.triangular_solve(lu, y, left_side=True, lower=True, transpose_a=True, conjugate_a=True,
+                                    unit_diagonal=True)
+    inverse = jnp.argsort(permutation, axis=-1)
+    return jnp.take_along_axis(z, inverse[..., None], axis=-2)
+
+
+def _is_vector_rhs(a, b):
+    # PyTorch's rule (linalg_solve_is_vector_rhs).
+    return b.ndim == 1 or (b.ndim == a.ndim - 1 and b.shape == a.shape[:-1])
+
+
+@lowers(aten._linalg_solve_ex.default)
+@_highest
+def linalg_solve_ex(a, b, left=True, check_errors=False):
+    vector = _is_vector_rhs(a, b)
+    rhs = b[..., None] if vector else b
+    if not left:  # X A = B  <=>  A^T X^T = B^T
+        lu, _, permutation = _lu(_mT(a))
+        x = _mT(_lu_solve(lu, permutation, _mT(rhs)))
+        lu_a, pivots, _ = _lu(a)
+    else:
+        lu_a, pivots, permutation = _lu(a)
+        x = _lu_solve(lu_a, permutation, rhs)
+    return (x[..., 0] if vector else x), lu_a, pivots, _lu_info(lu_a)
+
+
+@lowers(aten.linalg_inv_ex.default)
+@_highest
+def linalg_inv_ex(a, check_errors=False):
+    lu, _, permutation = _lu(a)
+    return _lu_solve(lu, permutation, _eye_like(a)), _lu_info(lu)
+
+
+@lowers(aten.linalg_lu_factor_ex.default)
+@_highest
+def linalg_lu_factor_ex(a, pivot=True, check_errors=False):
+    if not pivot:
+        raise NotImplementedError("linalg.lu_factor: LU without pivoting is not implemented on the tpu device")
+    lu, pivots, _ = _lu(a)
+    return lu, pivots, _lu_info(lu)
+
+
+def _unpack(lu, permutation):
+    m, n = lu.shape[-2:]
+    k = min(m, n)
+    lower = jnp.tril(lu[..., :, :k], -1) + jnp.eye(m, k, dtype=lu.dtype)
+    upper = jnp.triu(lu[..., :k, :])
+    # A = P L U with P[permutation[i], i] = 1.
+    p = (permutation[..., None, :] == jnp.arange(m)[:, None]).astype(lu.dtype)
+    return p, lower, upper
+
+
+@lowers(aten.linalg_lu.default)
+@_highest
+def linalg_lu(a, pivot=True):
+    if not pivot:
+        raise NotImplementedError("linalg.lu: LU without pivoting is not implemented on the tpu device")
+    lu, _, permutation = _lu(a)
+    return _unpack(lu, permutation)
+
+
+def _permutation(pivots, m):
+    return lax.linalg.lu_pivots_to_permutation(pivots.astype(jnp.int32) - 1, m)
+
+
+@lowers(aten.lu_unpack.default)
+def lu_unpack(lu, pivots, unpack_data=True, unpack_pivots=True):
+    p, lower, upper = _unpack(lu, _permutation(pivots, lu.shape[-2]))
+    empty = jnp.zeros((0,), lu.dtype)
+    return (p if unpack_pivots else empty), (lower if unpack_data else empty), (upper if unpack_data else empty)
+
+
+@lowers(aten.linalg_lu_solve.default)
+@_highest
+def linalg_lu_solve(lu, pivots, b, left=True, adjoint=False):
+    permutation = _permutation(pivots, lu.shape[-2])
+    if left:
+        return _lu_solve(lu, permutation, b, adjoint)
+    # X A = B  <=>  A^H X^H = B^H (and X A^H = B  <=>  A X^H = B^H)
+    return _mH(_lu_solve(lu, permutation, _mH(b), not adjoint))
+
+
+def _det_parts(a):
+    lu, pivots, _ = _lu(a)
+    diagonal = jnp.diagonal(lu, axis1=-2, axis2=-1)
+    swaps = jnp.sum(pivots != jnp.arange(1, pivots.shape[-1] + 1, dtype=pivots.dtype), axis=-1)
+    sign = jnp.where(swaps % 2 == 1, -1, 1).astype(lu.dtype)
+    return lu, pivots, diagonal, sign
+
+
+@lowers(aten._linalg_det.default)
+@_highest
+def linalg_det(a):
+    lu, pivots, diagonal, sign = _det_parts(a)
+    return sign * jnp.prod(diagonal, axis=-1), lu, pivots
+
+
+@lowers(aten._linalg_slogdet.default)
+@_highest
+def linalg_slogdet(a):
+    lu, pivots, diagonal, sign = _det_parts(a)
+    magnitude = jnp.abs(diagonal)
+    if jnp.issubdtype(a.dtype, jnp.complexfloating):
+        phase = jnp.prod(jnp.where(magnitude == 0, 0, diagonal / jnp.where(magnitude == 0, 1, magnitude)), axis=-1)
+        sign = sign * phase
+    else:
+        sign = sign * jnp.prod(jnp.sign(diagonal), axis=-1)
+    return sign, jnp.sum(jnp.log(magnitude), axis=-1), lu, pivots
+
+
+# ---------------------------------------------------------------- QR, eigen and singular values
+@lowers(aten.linalg_qr.default)
+@_highest
+def linalg_qr(a, mode="reduced"):
+    q, r = lax.linalg.qr(a, full_matrices=mode == "complete")
+    if mode == "r":
+        return jnp.zeros((0,), a.dtype), r
+    return q, r
+
+
+@lowers(aten.geqrf.default)
+@_highest
+def geqrf(a):
+    h, tau = jnp.linalg.qr(a, mode="raw")  # LAPACK's geqrf, with the reflectors transposed
+    return _mT(h), tau
+
+
+@lowers(aten.linalg_householder_product.default)
+@_highest
+def householder_product(a, tau):
+    return lax.linalg.householder_product(a, tau)
+
+
+@lowers(aten.ormqr.default, precision=True)
+def ormqr(a, tau, other, left=True, transpose=False):
+    m = a.shape[-2]
+    # The full m x m Q: pad the reflectors to m columns (zero taus are identity reflectors).
+    square = jnp.pad(a, [(0, 0)] * (a.ndim - 1) + [(0, m - a.shape[-1])]) if a.shape[-1] < m else a[..., :m]
+    taus = jnp.pad(tau, [(0, 0)] * (tau.ndim - 1) + [(0, m - tau.shape[-1])])
+    with jax.default_matmul_precision("highest"):
+        q = lax.linalg.householder_product(square, taus)
+    if transpose:
+        q = _mH(q)
+    return _matmul(q, other) if left else _matmul(other, q)
+
+
+@lowers(aten._linalg_eigh.default)
+@_highest
+def linalg_eigh(a, UPLO="L", compute_v=True):
+    vectors, values = lax.linalg.eigh(a, lower=UPLO == "L", symmetrize_input=False)
+    if not compute_v:
+        return values, jnp.zeros((0,), a.dtype)
+    return values, vectors
+
+
+@lowers(aten._linalg_svd.default)
+@_highest
+def linalg_svd(a, full_matrices=False, compute_uv=True, driver=None):
+    if not compute_uv:
+        s = lax.linalg.svd(a, full_matrices=False, compute_uv=False)
+        return jnp.zeros((0,), a.dtype), s, jnp.zeros((0,), a.dtype)
+    u, s, vh = lax.linalg.svd(a, full_matrices=full_matrices, compute_uv=True)
+    return u, s, vh
+
+
+@lowers(aten.linalg_eig.default)
+@_highest
+def linalg_eig(a):
+    # NOTE(torch-vs-xla): XLA has a general eigensolver on CPU (LAPACK geev) and GPU only; on a
+    # TPU this raises when the program compiles.
+    values, vectors = jnp.linalg.eig(a)
+    return values, vectors
+
+
+@lowers(aten._linalg_eigvals.default)
+@_highest
+def linalg_eigvals(a):
+    return jnp.linalg.eigvals(a)
+
+
+@lowers(aten.linalg_matrix_exp.default)
+@_highest
+def linalg_matrix_exp(a):
+    if a.shape[-1] == 0:
+        return a
+    flat = a.reshape((-1,) + a.shape[-2:])
+    return jax.vmap(jsl.expm)(flat).reshape(a.shape)
+
+
+@lowers(aten.linalg_lstsq.default)
+@_highest
+def linalg_lstsq(a, b, rcond=None, driver=None):
+    driver = driver or "gelsy"
+    vector = b.ndim == a.ndim - 1
+    rhs = b[..., None] if vector else b
+    a, rhs = _batch_broadcast(a, rhs)
+    m, n = a.shape[-2:]
+    real = jnp.finfo(a.dtype).dtype
+    u, s, vh = lax.linalg.svd(a, full_matrices=False)
+    cutoff = (jnp.finfo(real).eps * max(m, n)) if rcond is None or rcond < 0 else rcond
+    keep = s > cutoff * jnp.max(s, axis=-1, keepdims=True)
+    inverse_s = jnp.where(keep, 1 / jnp.where(keep, s, 1), 0).astype(a.dtype)
+    x = _mH(vh) @ (inverse_s[..., None] * (_mH(u) @ rhs))
+    rank = jnp.sum(keep, axis=-1).astype(jnp.int64)
+    if driver != "gelsy" and m > n:
+        residuals = jnp.sum(jnp.abs(rhs - a @ x) ** 2, axis=-2)
+    else:
+        residuals = jnp.zeros((0,), real)
+    if driver == "gels":
+        rank = jnp.zeros((0,), jnp.int64)
+    singular = s if driver in ("gelsd", "gelss") else jnp.zeros((0,), real)
+    return (x[..., 0] if vector else x), residuals, rank, singular
+
+
+# ---------------------------------------------------------------- distances
+def _use_mm(p, compute_mode, rows1, rows2):
+    # PyTorch's rule: the matmul form of the euclidean distance for p == 2 when it pays.
+    if p != 2:
+        return False
+    if compute_mode == 1:
+        return True
+    return compute_mode in (None, 0) and (rows1 > 25 or rows2 > 25)
+
+
+@lowers(aten._cdist_forward.default, precision=True, static_scalars=True)
+def cdist_forward(x1, x2, p, compute_mode=None):
+    if _use_mm(p, compute_mode, x1.shape[-2], x2.shape[-2]):
+        square1 = jnp.sum(x1 * x1, axis=-1, keepdims=True)
+        square2 = jnp.sum(x2 * x2, axis=-1, keepdims=True)
+        product = _matmul(x1, _mT(x2))
+        return jnp.sqrt(jnp.maximum(square1 - 2 * product + _mT(square2), 0))
+    diff = jnp.abs(x1[..., :, None, :] - x2[..., None, :, :])
+    if p == 0:
+        return jnp.sum(diff != 0, axis=-1).astype(x1.dtype)
+    if p == math.inf:
+        return jnp.max(diff, axis=-1, initial=0)
+    if p == 1:
+        return jnp.sum(diff, axis=-1)
+    if p == 2:
+        return jnp.sqrt(jnp.sum(diff * diff, axis=-1))
+    return jnp.sum(diff**p, axis=-1) ** (1 / p)
+
+
+@lowers(aten._cdist_backward.default, static_scalars=True)
+def cdist_backward(grad, x1, x2, p, dist):
+    diff = x1[..., :, None, :] - x2[..., None, :, :]
+    g = grad[..., None]
+    d = dist[..., None]
+    nonzero = d != 0
+    safe = jnp.where(nonzero, d, 1)
+    if p == 0:
+        term = jnp.zeros_like(diff)
+    elif p == 1:
+        term = g * jnp.sign(diff)
+    elif p == 2:
+        term = jnp.where(nonzero, g * diff / safe, 0)
+    elif p == math.inf:
+        term = g * jnp.sign(diff) * (jnp.abs(diff) == d)
+    elif p < 2:
+        term = jnp.where(nonzero & (diff != 0), g * jnp.sign(diff) * jnp.abs(diff) ** (p - 1) / safe ** (p - 1), 0)
+    else:
+        term = jnp.where(nonzero, g * diff * jnp.abs(diff) ** (p - 2) / safe ** (p - 1), 0)
+    return jnp.sum(term, axis=-2)
