@@ -42,7 +42,6 @@ lower_table(
         aten.erfc.default: jsp.erfc,
         aten.erfinv.default: jsp.erfinv,
         aten.lgamma.default: jsp.gammaln,
-        aten.digamma.default: jsp.digamma,
         aten.reciprocal.default: lambda x: 1 / x,
         aten.sinc.default: jnp.sinc,
         aten.deg2rad.default: jnp.deg2rad,
@@ -309,3 +308,18 @@ def addcmul(x, t1, t2, value=1):
 @lowers(aten.addcdiv.default, promote=Promote.DEFAULT)
 def addcdiv(x, t1, t2, value=1):
     return x + value * (t1 / t2)
+
+
+# ---------------------------------------------------------------- complex parts and float decomposition
+@lowers(aten.angle.default, promote=Promote.INT_TO_FLOAT)
+def angle(x):
+    if jnp.issubdtype(x.dtype, jnp.complexfloating):
+        return jnp.angle(x)
+    # PyTorch: pi for negative reals, 0 otherwise, NaN stays NaN.
+    return jnp.where(jnp.isnan(x), x, jnp.where(x < 0, jnp.pi, 0).astype(x.dtype))
+
+
+@lowers(aten.frexp.Tensor)
+def frexp(x):
+    mantissa, exponent = jnp.frexp(x)
+    return mantissa, exponent.astype(jnp.int32)
