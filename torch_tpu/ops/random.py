@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 from torch_tpu.ops.registry import aten, lowers
 
@@ -93,3 +94,14 @@ def exponential_(x, lambd=1.0, generator=None, *, key):
 @lowers(aten.randperm.generator_out, rng=True)
 def randperm_out(n, generator=None, out=None, *, key):
     return jax.random.permutation(key, n).astype(out.dtype)
+
+
+@lowers(aten.multinomial.default, rng=True)
+def multinomial(probs, num_samples, replacement=False, generator=None, *, key):
+    logits = jnp.log(probs.astype(jnp.float32))
+    if replacement:
+        draws = jax.random.categorical(key, logits, axis=-1, shape=(num_samples,) + probs.shape[:-1])
+        return jnp.moveaxis(draws, 0, -1).astype(jnp.int64)
+    # Without replacement: the top num_samples of logits + Gumbel noise (a draw in order, like PyTorch's).
+    scores = logits + jax.random.gumbel(key, probs.shape, jnp.float32)
+    return lax.top_k(scores, num_samples)[1].astype(jnp.int64)

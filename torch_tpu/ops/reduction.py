@@ -1,6 +1,6 @@
 """Reductions and scans: sum, mean, prod, max/min, arg-max/min, var/std, any/all, norms,
-cumulative scans (cumsum/cumprod/cummax/cummin/logcumsumexp), order statistics
-(median, kthvalue, mode) and histograms.
+cumulative scans (cumsum/cumprod/cummax/cummin/logcumsumexp) and order statistics
+(median, kthvalue, mode). Histograms are in histogram.py.
 
 NOTE(torch-vs-xla): PyTorch accumulates float16/bfloat16 reductions in
 float32 and integer/bool sums in int64; we do the same explicitly.
@@ -334,21 +334,3 @@ def mode(x, dim=-1, keepdim=False):
     if keepdim:
         value, index = jnp.expand_dims(value, dim), jnp.expand_dims(index, dim)
     return value, index.astype(jnp.int64)
-
-
-# ---------------------------------------------------------------- histograms
-@lowers(aten.histc.default, static_scalars=True)
-def histc(x, bins=100, min=0, max=0):
-    a = x.reshape(-1)
-    lo = jnp.asarray(min, a.dtype)
-    hi = jnp.asarray(max, a.dtype)
-    if min == max:  # PyTorch: the data's own range (values, not shapes: stays in the program)
-        lo, hi = jnp.min(a), jnp.max(a)
-        same = lo == hi
-        lo, hi = jnp.where(same, lo - 1, lo), jnp.where(same, hi + 1, hi)
-    width = (hi - lo).astype(a.dtype)
-    position = ((a - lo) / width * bins).astype(jnp.int64)  # PyTorch's formula, same rounding
-    position = jnp.where(a == hi, bins - 1, position)
-    inside = (a >= lo) & (a <= hi) & ~_isnan(a)
-    return jnp.zeros((bins,), a.dtype).at[jnp.where(inside, position, bins)].add(
-        jnp.ones_like(a), mode="drop")
