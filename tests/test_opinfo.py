@@ -30,8 +30,10 @@ XFAIL: dict[str, str] = {}
 # Per-entry tolerances: name -> (atol, rtol) for every mode, or (name, mode) -> (atol, rtol).
 TOL: dict = {
     # Pade approximant + squaring (jax.scipy.linalg.expm) vs PyTorch's Taylor-based degree choice.
-    "matrix_exp": (1e-3, 1e-4),
-    "linalg.matrix_exp": (1e-3, 1e-4),
+    "matrix_exp": (1e-3, 1e-3),
+    # Samples hold 1e4: one float32 ulp of the forward (1e-3) is amplified by exp() in PyTorch's backward
+    # formula; both results are that far from the exact gradient.
+    ("logcumsumexp", "float32_backward"): (1e-2, 1e-3),
 }
 
 # Entries whose values are random or uninitialised: only result dtype, shape and device are compared

@@ -323,3 +323,11 @@ def angle(x):
 def frexp(x):
     mantissa, exponent = jnp.frexp(x)
     return mantissa, exponent.astype(jnp.int32)
+
+
+@lowers(aten.logit_backward.default, promote=Promote.INT_TO_FLOAT, static_scalars=True)
+def logit_backward(grad, x, eps=None):
+    derivative = grad / (x * (1 - x))
+    if eps is None:
+        return jnp.where((x < 0) | (x > 1), jnp.nan, derivative)
+    return jnp.where((x < eps) | (x > 1 - eps), jnp.zeros_like(derivative), derivative)

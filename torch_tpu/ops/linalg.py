@@ -22,7 +22,7 @@ import jax.scipy.linalg as jsl
 from jax import lax
 
 from torch_tpu import precision
-from torch_tpu.ops.registry import aten, lowers
+from torch_tpu.ops.registry import aten, lowers, prepare
 
 
 def _matmul(a, b):
@@ -295,6 +295,15 @@ def _det_parts(a):
     return lu, pivots, diagonal, sign
 
 
+@prepare(aten._linalg_det.default, aten._linalg_slogdet.default)
+def _det_of_transpose(a):
+    # PyTorch's contract (its backward relies on it): for a contiguous real A, the LU and
+    # pivots returned are those of A^T (free to factor in column-major LAPACK); det is the same.
+    if a.is_contiguous() and not a.is_complex():
+        a = a.mT
+    return (a,), {}
+
+
 @lowers(aten._linalg_det.default)
 @_highest
 def linalg_det(a):
@@ -468,3 +477,31 @@ def cdist_backward(grad, x1, x2, p, dist):
     else:
         term = jnp.where(nonzero, g * diff * jnp.abs(diff) ** (p - 2) / safe ** (p - 1), 0)
     return jnp.sum(term, axis=-2)
+
+
+@functools.cache
+def _pairs(n):
+    import numpy as np
+
+    return tuple(np.triu_indices(n, 1))
+
+
+@lowers(aten._pdist_forward.default, static_scalars=True)
+def pdist_forward(x, p=2.0):
+    n = x.shape[0]
+    if n < 2:
+        return jnp.zeros((0,), x.dtype)
+    full = cdist_forward(x, x, p, 2)  # compute_mode 2: never the matmul form (exact zeros on the diagonal)
+    i, j = _pairs(n)
+    return full[i, j]
+
+
+@lowers(aten._pdist_backward.default, static_scalars=True)
+def pdist_backward(grad, x, p, pdist):
+    n = x.shape[0]
+    if n < 2:
+        return jnp.zeros_like(x)
+    i, j = _pairs(n)
+    g = jnp.zeros((n, n), grad.dtype).at[i, j].set(grad).at[j, i].set(grad)
+    d = jnp.zeros((n, n), pdist.dtype).at[i, j].set(pdist).at[j, i].set(pdist)
+    return cdist_backward(g, x, x, p, d)

@@ -334,3 +334,81 @@ def mode(x, dim=-1, keepdim=False):
     if keepdim:
         value, index = jnp.expand_dims(value, dim), jnp.expand_dims(index, dim)
     return value, index.astype(jnp.int64)
+
+
+# ---------------------------------------------------------------- segment reductions
+def _segment_ids(lengths, offsets, n):
+    """(segment id of each position along the reduced axis, lengths): both batch + (...)."""
+    if lengths is None:
+        lengths = offsets[..., 1:] - offsets[..., :-1]
+    ends = jnp.cumsum(lengths, axis=-1)
+    position = jnp.arange(n)
+    if ends.ndim == 1:
+        ids = jnp.searchsorted(ends, position, side="right")
+    else:
+        rows = ends.reshape(-1, ends.shape[-1])
+        ids = jax.vmap(lambda e: jnp.searchsorted(e, position, side="right"))(rows).reshape(ends.shape[:-1] + (n,))
+    return ids, lengths
+
+
+def _segment_index(ids, axis):
+    """An index tuple addressing [batch..., ids] (batch dims are the ones before `axis`)."""
+    batch = ids.shape[:-1]
+    grids = [lax.broadcasted_iota(jnp.int64, ids.shape, d) for d in range(len(batch))]
+    return tuple(grids) + (ids,)
+
+
+@lowers(aten.segment_reduce.default, static_scalars=True)
+def segment_reduce(data, reduce, lengths=None, indices=None, offsets=None, axis=0, unsafe=False, initial=None):
+    axis = axis % data.ndim
+    ids, lengths = _segment_ids(lengths, offsets, data.shape[axis])
+    segments = lengths.shape[-1]
+    shape = data.shape[:axis] + (segments,) + data.shape[axis + 1:]
+    where = _segment_index(ids, axis)
+    count = jnp.zeros(lengths.shape, data.dtype).at[where].add(1)
+    count = count.reshape(count.shape + (1,) * (data.ndim - axis - 1))
+    floating = jnp.issubdtype(data.dtype, jnp.floating)
+    if reduce in ("sum", "mean"):
+        start = jnp.zeros(shape, data.dtype) if initial is None else jnp.full(shape, initial, data.dtype)
+        total = start.at[where].add(data)
+        if reduce == "sum":
+            return total
+        mean = total / jnp.where(count == 0, 1, count)
+        empty = jnp.nan if initial is None else initial
+        return jnp.where(count == 0, jnp.asarray(empty, data.dtype), mean)
+    if reduce == "prod":
+        start = jnp.ones(shape, data.dtype) if initial is None else jnp.full(shape, initial, data.dtype)
+        return start.at[where].multiply(data)
+    lowest = -jnp.inf if floating else jnp.iinfo(data.dtype).min
+    highest = jnp.inf if floating else jnp.iinfo(data.dtype).max
+    if reduce == "max":
+        return jnp.full(shape, lowest if initial is None else initial, data.dtype).at[where].max(data)
+    if reduce == "min":
+        return jnp.full(shape, highest if initial is None else initial, data.dtype).at[where].min(data)
+    raise NotImplementedError(f"segment_reduce: reduce={reduce!r}")
+
+
+@lowers(aten._segment_reduce_backward.default, static_scalars=True)
+def segment_reduce_backward(grad, output, data, reduce, lengths=None, offsets=None, axis=0, initial=None):
+    axis = axis % data.ndim
+    ids, lengths = _segment_ids(lengths, offsets, data.shape[axis])
+    where = _segment_index(ids, axis)
+    g = grad[where]
+    out = output[where]
+    if reduce == "sum":
+        return g
+    trailing = (1,) * (data.ndim - axis - 1)
+    if reduce == "mean":
+        count = jnp.maximum(lengths, 1).astype(data.dtype)
+        return g / count[where].reshape(ids.shape + trailing)
+    if reduce in ("max", "min"):
+        hit = data == out
+        ties = jnp.zeros(output.shape, data.dtype).at[where].add(hit.astype(data.dtype))[where]
+        return jnp.where(hit, g / jnp.where(ties == 0, 1, ties), 0)
+    if reduce == "prod":
+        zero = data == 0
+        zeros = jnp.zeros(output.shape, jnp.int64).at[where].add(zero.astype(jnp.int64))[where]
+        start = jnp.ones(output.shape, data.dtype) if initial is None else jnp.full(output.shape, initial, data.dtype)
+        others = start.at[where].multiply(jnp.where(zero, 1, data))[where]  # product of the non-zeros
+        return jnp.where(zero, jnp.where(zeros == 1, g * others, 0), g * out / jnp.where(zero, 1, data))
+    raise NotImplementedError(f"segment_reduce backward: reduce={reduce!r}")
