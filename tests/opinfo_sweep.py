@@ -171,13 +171,15 @@ def _error_reason(err: BaseException) -> str:
 
 
 def run_entry(op, mode: str, samples: int = SAMPLES, tol=None, metadata_only=False, samples_on_tpu=False,
-              verbose=False) -> Outcome:
+              canonical=None, verbose=False) -> Outcome:
     """Run one op_db entry in one mode on tpu and CPU; classify it.
 
     Samples are made on the CPU (fast) and copied to tpu, with a `device=`
     argument turned into "tpu" (factories). With `samples_on_tpu` they are
     made on tpu and copied to the CPU instead, like PyTorch's own
     `test_compare_cpu` does with CUDA (for ops that take CPU tensor arguments).
+    `canonical(sample, result)`, if given, maps both results to a form that is
+    defined uniquely (e.g. sort indices -> the values they select) before comparing.
     """
     from torch_tpu.config import config
 
@@ -208,6 +210,8 @@ def run_entry(op, mode: str, samples: int = SAMPLES, tol=None, metadata_only=Fal
                         continue
                 else:
                     expected = sample.output_process_fn_grad(_call(op, cpu_sample))
+                    if canonical is not None:
+                        expected = canonical(cpu_sample, expected)
             except Exception as err:  # CPU rejects this sample: it does not count
                 if verbose:
                     print(f"    CPU raised {_error_reason(err)}")
@@ -220,6 +224,8 @@ def run_entry(op, mode: str, samples: int = SAMPLES, tol=None, metadata_only=Fal
                         return _done(start, Outcome("error", f"sample {index}: no differentiable tpu outputs", ran))
                 else:
                     actual = sample.output_process_fn_grad(_call(op, tpu_sample))
+                    if canonical is not None:
+                        actual = canonical(tpu_sample, actual)
                 compare(actual, expected, atol, rtol, metadata_only)
             except Mismatch as err:
                 return _done(start, Outcome("mismatch", f"sample {index}: {err}", ran))
@@ -286,11 +292,17 @@ def _tol_for(tol: dict, name: str, mode: str):
 
 
 def run_mode(mode: str, samples: int = SAMPLES, skip=None, xfail=None, tol=None, metadata_only=None,
-             samples_on_tpu=(), names=None, verbose=False, progress=None) -> dict:
-    """{entry name: Outcome} for every op_db entry eligible in `mode`."""
+             samples_on_tpu=(), canonical=None, names=None, verbose=False, progress=None) -> dict:
+    """{entry name: Outcome} for every op_db entry eligible in `mode`.
+
+    Tables (name -> value; xfail and tol also take (name, mode) keys): skip and xfail
+    reasons, tol (atol, rtol), metadata_only reasons, samples_on_tpu names, canonical
+    (reason, fn(sample, result)).
+    """
     import torch_tpu  # noqa: F401  (registers the device)
 
     skip, xfail, tol, metadata_only = skip or {}, xfail or {}, tol or {}, metadata_only or {}
+    canonical = canonical or {}
     results = {}
     for op in op_db():
         name = entry_name(op)
@@ -303,11 +315,14 @@ def run_mode(mode: str, samples: int = SAMPLES, skip=None, xfail=None, tol=None,
             continue
         outcome = run_entry(op, mode, samples, tol=_tol_for(tol, name, mode),
                             metadata_only=name in metadata_only, samples_on_tpu=name in samples_on_tpu,
-                            verbose=verbose)
+                            canonical=canonical[name][1] if name in canonical else None, verbose=verbose)
+        expected_failure = _tol_for(xfail, name, mode)
         if outcome.status == "pass" and name in metadata_only:
             outcome.reason = metadata_only[name]
-        elif outcome.status != "pass" and name in xfail:
-            outcome.reason = f"XFAIL ({xfail[name]}): {outcome.reason}"
+        elif outcome.status == "pass" and name in canonical:
+            outcome.reason = canonical[name][0]
+        elif outcome.status != "pass" and expected_failure:
+            outcome.reason = f"XFAIL ({expected_failure}): {outcome.reason}"
         results[name] = outcome
         if progress:
             progress(name, outcome)
@@ -444,8 +459,8 @@ def check_ratchet(mode: str, results: dict, quick: bool = False) -> None:
               "raise it with `python tests/opinfo_sweep.py --accept`")
 
 
-def check_xfail(results: dict, xfail: dict) -> None:
-    unexpected = sorted(n for n in xfail if n in results and results[n].status == "pass")
+def check_xfail(mode: str, results: dict, xfail: dict) -> None:
+    unexpected = sorted(n for n, o in results.items() if o.status == "pass" and _tol_for(xfail, n, mode))
     if unexpected:
         raise AssertionError(f"XFAIL entries now pass (remove them from XFAIL): {', '.join(unexpected)}")
 
@@ -485,7 +500,8 @@ def main(argv=None):
         if args.only is None or o.status == args.only:
             print(f"{o.status:9s} {o.seconds:6.2f}s {name:45s} {o.reason}", flush=True)
 
-    results = run_mode(args.mode, args.samples, t.SKIP, t.XFAIL, t.TOL, t.METADATA_ONLY, t.SAMPLES_ON_TPU, names=args.op,
+    results = run_mode(args.mode, args.samples, t.SKIP, t.XFAIL, t.TOL, t.METADATA_ONLY, t.SAMPLES_ON_TPU, t.CANONICAL,
+                       names=args.op,
                        verbose=args.verbose, progress=progress)
     print(summary_line(args.mode, results))
 

@@ -26,14 +26,18 @@ from torch_tpu.ops.registry import aten, lowers, prepare
 
 
 def _matmul(a, b):
-    """a @ b with PyTorch's accumulation (float32 for low-precision floats) and the precision policy."""
-    out_dtype = a.dtype
+    """a @ b with PyTorch's accumulation and the precision policy.
+
+    Low-precision floats (bfloat16/float16) come back in float32: callers finish
+    (alpha/beta, sums) in float32 and the executor rounds once to the result dtype,
+    as PyTorch's CPU kernels do.
+    """
     if jnp.issubdtype(a.dtype, jnp.integer) or a.dtype == jnp.bool_:
         return jnp.matmul(a, b, preferred_element_type=a.dtype)
     if a.dtype == jnp.float32:
         return precision.matmul_f32(a, b)
     acc = jnp.float32 if a.dtype in (jnp.bfloat16, jnp.float16) else a.dtype
-    return jnp.matmul(a, b, preferred_element_type=acc, precision=lax.Precision.HIGHEST).astype(out_dtype)
+    return jnp.matmul(a, b, preferred_element_type=acc, precision=lax.Precision.HIGHEST)
 
 
 @lowers(aten.mm.default, precision=True)
@@ -76,13 +80,22 @@ def addmv(x, a, v, beta=1, alpha=1):
     return _scaled(x, _matmul(a, v), beta, alpha)
 
 
+@lowers(aten.addr.default, precision=True)
+def addr(x, v1, v2, beta=1, alpha=1):
+    wide = jnp.float32 if v1.dtype in (jnp.bfloat16, jnp.float16) else v1.dtype
+    product = v1.astype(wide)[:, None] * v2.astype(wide)[None, :]
+    if x.dtype == jnp.bool_:
+        return jnp.logical_or(x & bool(beta), (v1[:, None] & v2[None, :]) & bool(alpha))
+    return _scaled(x, product, beta, alpha)
+
+
 @lowers(aten.addbmm.default, precision=True)
 def addbmm(x, a, b, beta=1, alpha=1):
     return _scaled(x, jnp.sum(_matmul(a, b), axis=0), beta, alpha)
 
 
 def _scaled(x, product, beta, alpha):
-    product = product * jnp.asarray(alpha).astype(product.dtype)
+    product = product * jnp.asarray(alpha).astype(product.dtype)  # (float32 for bfloat16/float16 inputs)
     beta = jnp.asarray(beta).astype(product.dtype)
     # NOTE(torch-vs-xla): with beta == 0 PyTorch ignores x entirely (its NaNs do not propagate).
     return jnp.where(beta == 0, jnp.zeros((), product.dtype), x.astype(product.dtype) * beta) + product
@@ -399,8 +412,9 @@ def linalg_eigvals(a):
 def linalg_matrix_exp(a):
     if a.shape[-1] == 0:
         return a
-    flat = a.reshape((-1,) + a.shape[-2:])
-    return jax.vmap(jsl.expm)(flat).reshape(a.shape)
+    wide = a.astype(jnp.float32) if a.dtype in (jnp.bfloat16, jnp.float16) else a  # expm has no bfloat16
+    flat = wide.reshape((-1,) + a.shape[-2:])
+    return jax.vmap(jsl.expm)(flat).reshape(a.shape).astype(a.dtype)
 
 
 @lowers(aten.linalg_lstsq.default)
@@ -505,3 +519,27 @@ def pdist_backward(grad, x, p, pdist):
     g = jnp.zeros((n, n), grad.dtype).at[i, j].set(grad).at[j, i].set(grad)
     d = jnp.zeros((n, n), pdist.dtype).at[i, j].set(pdist).at[j, i].set(pdist)
     return cdist_backward(g, x, x, p, d)
+
+
+@lowers(aten.linalg_cross.default)  # (no promote=: it would hand us bfloat16 already widened)
+def linalg_cross(a, b, dim=-1):
+    common = jnp.result_type(a, b)
+    a, b = jnp.broadcast_arrays(a.astype(common), b.astype(common))
+    dim = dim % a.ndim
+    # PyTorch's CPU kernel rounds each product to the (low-precision) dtype before subtracting:
+    # compute in float32 with explicit roundings (XLA would otherwise keep excess precision).
+    r = functools.partial(_rounded, like=a.dtype)
+    if a.dtype in (jnp.bfloat16, jnp.float16):
+        a, b = a.astype(jnp.float32), b.astype(jnp.float32)
+    a0, a1, a2 = (lax.index_in_dim(a, i, dim) for i in range(3))
+    b0, b1, b2 = (lax.index_in_dim(b, i, dim) for i in range(3))
+    return jnp.concatenate(
+        [r(r(a1 * b2) - r(a2 * b1)), r(r(a2 * b0) - r(a0 * b2)), r(r(a0 * b1) - r(a1 * b0))], axis=dim)
+
+
+def _rounded(x, like):
+    if like == jnp.bfloat16:
+        return lax.reduce_precision(x, exponent_bits=8, mantissa_bits=7)
+    if like == jnp.float16:
+        return lax.reduce_precision(x, exponent_bits=5, mantissa_bits=10)
+    return x

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from torch_tpu.ops.registry import aten, lowers
@@ -205,6 +206,25 @@ def linalg_vector_norm(x, ord=2, dim=None, keepdim=False, dtype=None):
     return jnp.sum(a**ord, axis=axes, keepdims=keepdim) ** (1.0 / ord)
 
 
+@lowers(aten.hash_tensor.default)
+def hash_tensor(x, dim=(), keepdim=False, mode=0):
+    """PyTorch's mode 0: XOR of the elements' 64-bit patterns (floats widened to float64, ints to int64)."""
+    if mode != 0:
+        raise NotImplementedError(f"hash_tensor: mode {mode}")
+    if jnp.issubdtype(x.dtype, jnp.floating):
+        wide = x.astype(jnp.float64)
+    elif x.dtype == jnp.bool_ or jnp.issubdtype(x.dtype, jnp.unsignedinteger):
+        wide = x.astype(jnp.uint64)
+    else:
+        wide = x.astype(jnp.int64)
+    bits = lax.bitcast_convert_type(wide, jnp.uint64)
+    axes = tuple(range(x.ndim)) if _axes(x, dim) is None else _axes(x, dim)
+    out = lax.reduce(bits, np.uint64(0), lax.bitwise_xor, axes)
+    if keepdim:
+        out = jnp.expand_dims(out, axes)
+    return out
+
+
 @lowers(aten.count_nonzero.dim_IntList)
 def count_nonzero(x, dim):
     return jnp.sum(x != 0, axis=_axes(x, dim)).astype(jnp.int64)
@@ -245,7 +265,7 @@ def logcumsumexp(x, dim):
     if x.ndim == 0:
         return x
     a = _acc(x) if jnp.issubdtype(x.dtype, jnp.floating) else x
-    return lax.cumlogsumexp(a, axis=dim % x.ndim)
+    return lax.cumlogsumexp(a, axis=dim % x.ndim).astype(x.dtype)
 
 
 # ---------------------------------------------------------------- order statistics
