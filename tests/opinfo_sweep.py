@@ -35,14 +35,16 @@ from torch.utils import _pytree as pytree
 
 SAMPLES = 3
 
-MODES = {
+MODES = {  # mode -> (dtype, backward)
     "float32": (torch.float32, False),
     "float32_backward": (torch.float32, True),
     "bfloat16": (torch.bfloat16, False),
+    "float32_variants": (torch.float32, False),  # in-place (also on a strided view) and out= variants
 }
 
 DEFAULT_TOL = {
     "float32": (1e-4, 1e-4),
+    "float32_variants": (1e-4, 1e-4),
     "float32_backward": (1e-4, 1e-4),
     # One bfloat16 ulp is 2**-8 relative (0.39%); rounding order differs from PyTorch's CPU kernels.
     "bfloat16": (1e-2, 1.6e-2),
@@ -69,6 +71,8 @@ def eligible(op, mode: str) -> bool:
     dtype, backward = MODES[mode]
     if backward:
         return op.supports_autograd and dtype in op.supported_backward_dtypes("cpu")
+    if mode == "float32_variants" and op.inplace_variant is None and not op.supports_out:
+        return False
     return dtype in op.supported_dtypes("cpu")
 
 
@@ -216,6 +220,23 @@ def run_entry(op, mode: str, samples: int = SAMPLES, tol=None, metadata_only=Fal
                 if verbose:
                     print(f"    CPU raised {_error_reason(err)}")
                 continue
+            if mode == "float32_variants":
+                try:
+                    _check_variants(op, sample, cpu_sample, _copied(sample, "tpu", where), atol, rtol)
+                except Mismatch as err:
+                    return _done(start, Outcome("mismatch", f"sample {index}: {err}", ran))
+                except _CpuRejects:
+                    continue
+                except Exception as err:
+                    match = _FALLBACK_RE.search(str(err))
+                    if isinstance(err, NotImplementedError) and match:
+                        return _done(start, Outcome("fallback", f"no lowering: {match.group(1)}", ran,
+                                                    fallback_ops=[match.group(1)]))
+                    if verbose:
+                        traceback.print_exc()
+                    return _done(start, Outcome("error", f"sample {index}: {_error_reason(err)}", ran))
+                ran += 1
+                continue
             try:
                 tpu_sample = _copied(sample, "tpu", where)
                 if backward:
@@ -243,6 +264,68 @@ def run_entry(op, mode: str, samples: int = SAMPLES, tol=None, metadata_only=Fal
     if ran == 0:
         return _done(start, Outcome("n/a", "CPU rejects every sample (or no sample has differentiable outputs)", 0))
     return _done(start, Outcome("pass", "", ran))
+
+
+class _CpuRejects(Exception):
+    pass
+
+
+def _strided_copy(t: torch.Tensor, device) -> torch.Tensor:
+    """t's value on `device` in a transposed layout (a view with non-contiguous strides), if t has 2+ dims."""
+    if t.dim() < 2:
+        return t.detach().clone().to(device)
+    return t.detach().transpose(0, 1).contiguous().to(device).transpose(0, 1)
+
+
+def _check_variants(op, sample, cpu_sample, tpu_sample, atol, rtol):
+    """In-place (dense and strided self) and out= variants on tpu match CPU and alias correctly."""
+    checked = False
+    inplace = op.inplace_variant
+    if inplace is not None and not sample.broadcasts_input and isinstance(sample.input, torch.Tensor):
+        try:
+            expected = cpu_sample.input.detach().clone()
+            inplace(expected, *cpu_sample.args, **cpu_sample.kwargs)
+        except Exception:
+            expected = None
+        if expected is not None:
+            for layout in ("dense", "strided"):
+                self = (tpu_sample.input.detach().clone() if layout == "dense"
+                        else _strided_copy(cpu_sample.input, "tpu"))
+                returned = inplace(self, *tpu_sample.args, **tpu_sample.kwargs)
+                if returned is not self:
+                    raise Mismatch(f"in-place ({layout}) returned a new tensor, not self")
+                try:
+                    compare(self, expected, atol, rtol)
+                except Mismatch as err:
+                    raise Mismatch(f"in-place ({layout} self): {err}") from None
+            checked = True
+    if op.supports_out:
+        try:
+            expected = op(cpu_sample.input, *cpu_sample.args, **cpu_sample.kwargs)
+            leaves = pytree.tree_leaves(expected)
+            if not leaves or not all(isinstance(t, torch.Tensor) for t in leaves):
+                raise _CpuRejects
+            empty = [torch.empty(0, dtype=t.dtype) for t in leaves]
+            op(cpu_sample.input, *cpu_sample.args, out=empty[0] if len(empty) == 1 else tuple(empty),
+               **cpu_sample.kwargs)
+        except _CpuRejects:
+            expected = None
+        except Exception:
+            expected = None
+        if expected is not None:
+            outs = [torch.empty(0, dtype=t.dtype, device="tpu") for t in leaves]
+            out = outs[0] if len(outs) == 1 else tuple(outs)
+            returned = op(tpu_sample.input, *tpu_sample.args, out=out, **tpu_sample.kwargs)
+            for r, o in zip(pytree.tree_leaves(returned), outs):
+                if r is not o:
+                    raise Mismatch("out= returned a tensor that is not the out argument")
+            try:
+                compare(outs, list(leaves), atol, rtol)
+            except Mismatch as err:
+                raise Mismatch(f"out=: {err}") from None
+            checked = True
+    if not checked:
+        raise _CpuRejects
 
 
 def _describe(sample) -> str:
@@ -341,7 +424,7 @@ def stats(results: dict) -> dict:
     return counts
 
 
-TARGETS = {"float32": 0.95, "float32_backward": 0.90, "bfloat16": 0.90}
+TARGETS = {"float32": 0.95, "float32_backward": 0.90, "bfloat16": 0.90, "float32_variants": 0.90}
 
 
 def summary_line(mode: str, results: dict) -> str:
