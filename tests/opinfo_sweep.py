@@ -222,7 +222,8 @@ def run_entry(op, mode: str, samples: int = SAMPLES, tol=None, metadata_only=Fal
                 continue
             if mode == "float32_variants":
                 try:
-                    _check_variants(op, sample, cpu_sample, _copied(sample, "tpu", where), atol, rtol)
+                    _check_variants(op, sample, cpu_sample, _copied(sample, "tpu", where), atol, rtol, metadata_only,
+                                    canonical)
                 except Mismatch as err:
                     return _done(start, Outcome("mismatch", f"sample {index}: {err}", ran))
                 except _CpuRejects:
@@ -277,27 +278,27 @@ def _strided_copy(t: torch.Tensor, device) -> torch.Tensor:
     return t.detach().transpose(0, 1).contiguous().to(device).transpose(0, 1)
 
 
-def _check_variants(op, sample, cpu_sample, tpu_sample, atol, rtol):
-    """In-place (dense and strided self) and out= variants on tpu match CPU and alias correctly."""
+def _check_variants(op, sample, cpu_sample, tpu_sample, atol, rtol, metadata_only=False, canonical=None):
+    """In-place (dense and strided self) and out= variants on tpu match CPU and alias like CPU's."""
     checked = False
+    post = sample.output_process_fn_grad
     inplace = op.inplace_variant
     if inplace is not None and not sample.broadcasts_input and isinstance(sample.input, torch.Tensor):
-        try:
-            expected = cpu_sample.input.detach().clone()
-            inplace(expected, *cpu_sample.args, **cpu_sample.kwargs)
-        except Exception:
-            expected = None
-        if expected is not None:
-            for layout in ("dense", "strided"):
-                self = (tpu_sample.input.detach().clone() if layout == "dense"
-                        else _strided_copy(cpu_sample.input, "tpu"))
-                returned = inplace(self, *tpu_sample.args, **tpu_sample.kwargs)
-                if returned is not self:
-                    raise Mismatch(f"in-place ({layout}) returned a new tensor, not self")
-                try:
-                    compare(self, expected, atol, rtol)
-                except Mismatch as err:
-                    raise Mismatch(f"in-place ({layout} self): {err}") from None
+        for layout in ("dense", "strided"):
+            make = (lambda t, device: t.detach().clone().to(device)) if layout == "dense" else _strided_copy
+            try:
+                expected = make(cpu_sample.input, "cpu")
+                inplace(expected, *cpu_sample.args, **cpu_sample.kwargs)
+            except Exception:
+                continue
+            self = make(cpu_sample.input, "tpu")
+            returned = inplace(self, *tpu_sample.args, **tpu_sample.kwargs)
+            if returned is not self:
+                raise Mismatch(f"in-place ({layout}) returned a new tensor, not self")
+            try:
+                compare(self, expected, atol, rtol, metadata_only)
+            except Mismatch as err:
+                raise Mismatch(f"in-place ({layout} self): {err}") from None
             checked = True
     if op.supports_out:
         try:
@@ -305,22 +306,25 @@ def _check_variants(op, sample, cpu_sample, tpu_sample, atol, rtol):
             leaves = pytree.tree_leaves(expected)
             if not leaves or not all(isinstance(t, torch.Tensor) for t in leaves):
                 raise _CpuRejects
-            empty = [torch.empty(0, dtype=t.dtype) for t in leaves]
-            op(cpu_sample.input, *cpu_sample.args, out=empty[0] if len(empty) == 1 else tuple(empty),
-               **cpu_sample.kwargs)
-        except _CpuRejects:
-            expected = None
+            cpu_outs = [torch.empty(0, dtype=t.dtype) for t in leaves]
+            cpu_returned = op(cpu_sample.input, *cpu_sample.args,
+                              out=cpu_outs[0] if len(cpu_outs) == 1 else tuple(cpu_outs), **cpu_sample.kwargs)
+            aliases = [r is o for r, o in zip(pytree.tree_leaves(cpu_returned), cpu_outs)]
         except Exception:
             expected = None
         if expected is not None:
             outs = [torch.empty(0, dtype=t.dtype, device="tpu") for t in leaves]
             out = outs[0] if len(outs) == 1 else tuple(outs)
             returned = op(tpu_sample.input, *tpu_sample.args, out=out, **tpu_sample.kwargs)
-            for r, o in zip(pytree.tree_leaves(returned), outs):
-                if r is not o:
+            for r, o, alias in zip(pytree.tree_leaves(returned), outs, aliases):
+                if alias and r is not o:
                     raise Mismatch("out= returned a tensor that is not the out argument")
+            got = outs[0] if len(outs) == 1 else type(expected)(outs) if isinstance(expected, tuple) else outs
+            got, expected = post(got), post(expected)
+            if canonical is not None:
+                got, expected = canonical(tpu_sample, got), canonical(cpu_sample, expected)
             try:
-                compare(outs, list(leaves), atol, rtol)
+                compare(got, expected, atol, rtol, metadata_only)
             except Mismatch as err:
                 raise Mismatch(f"out=: {err}") from None
             checked = True

@@ -407,6 +407,11 @@ def linalg_eigvals(a):
     return jnp.linalg.eigvals(a)
 
 
+@lowers(aten.linalg_eigvals.out)  # (its functional form is CompositeImplicit; out= is a kernel of its own)
+def linalg_eigvals_out(a, out):
+    return linalg_eigvals(a)
+
+
 @lowers(aten.linalg_matrix_exp.default)
 @_highest
 def linalg_matrix_exp(a):

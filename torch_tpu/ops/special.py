@@ -36,28 +36,32 @@ lower_table(
 )
 
 
-def _hurwitz_zeta(s, q):
-    """zeta(s, q) for integer s >= 2 and any real q: shift q > 0 with zeta(s, q) = sum_{k<m} (q+k)^-s + zeta(s, q+m)."""
-    shift = jnp.where(q > 0, 0, jnp.floor(-q) + 1).astype(jnp.int64)
-
-    def body(carry):
-        k, total = carry
-        term = jnp.where(k < shift, (q + k.astype(q.dtype)) ** -s, 0)
-        return k + 1, total + term
-
-    _, head = lax.while_loop(lambda c: c[0] < jnp.max(shift, initial=0), body,
-                             (jnp.asarray(0, jnp.int64), jnp.zeros_like(q)))
-    return head + jsp.zeta(jnp.asarray(s, q.dtype), q + shift.astype(q.dtype))
+@functools.cache
+def _cot_derivative(n: int):
+    """Coefficients (lowest first) of P_n with d^n/dy^n cot(y) = P_n(cot(y)): P_0 = c, P_(k+1) = -(1 + c^2) P_k'."""
+    p = np.polynomial.Polynomial([0.0, 1.0])
+    for _ in range(n):
+        p = -np.polynomial.Polynomial([1.0, 0.0, 1.0]) * p.deriv()
+    return tuple(p.coef)
 
 
 @lowers(aten.polygamma.default, **_FLOAT)
 def polygamma(n, x):
     if n == 0:
         return digamma(x)
-    # psi^(n)(x) = (-1)^(n+1) n! zeta(n+1, x), also for negative x (jax's polygamma is NaN there).
-    value = (-1) ** (n + 1) * math.factorial(n) * _hurwitz_zeta(n + 1, x)
+    # NOTE(torch-vs-xla): jax's polygamma is NaN for x < 0. There we reflect:
+    # psi^(n)(x) = (-1)^n psi^(n)(1 - x) - pi^(n+1) P_n(cot(pi x)), exact up to rounding (no cancellation
+    # at half-integers, unlike the shifted zeta sum PyTorch's CPU kernel uses).
+    negative = x < 0
+    positive = jsp.polygamma(n, jnp.where(negative, 1 - x, x))
+    # cot(pi x) = sign(r) tan(pi (1/2 - |r|)) with r = x - round(x): both reductions are exact, so
+    # half-integers give exactly 0 (1/tan(pi r) would not).
+    r = x - jnp.round(x)
+    cot = jnp.sign(r) * jnp.tan(jnp.pi * (0.5 - jnp.abs(r)))
+    derivative = sum(c * cot**k for k, c in enumerate(_cot_derivative(n)) if c)
+    reflected = (-1) ** n * positive - jnp.asarray(math.pi ** (n + 1), x.dtype) * derivative
     pole = jnp.asarray((-1) ** (n + 1) * jnp.inf, x.dtype)
-    return jnp.where((x <= 0) & (x == jnp.floor(x)), pole, value)
+    return jnp.where((x <= 0) & (x == jnp.floor(x)), pole, jnp.where(negative, reflected, positive))
 
 
 @lowers(aten.digamma.default, **_FLOAT)
@@ -259,7 +263,7 @@ def _chebyshev_v(x, n):
     value = _recurrence(n, one, x + x - 1, lambda k, p, q: (x + x) * q - p)
     theta = jnp.arccos(x)
     half = jnp.sin(theta / 2)
-    signed = jnp.where(_odd(n), -(n + 1), n + 1).astype(x.dtype)
+    signed = jnp.where(_odd(n), -(n + n + 1), n + n + 1).astype(x.dtype)  # V_n(-1) = (-1)^n (2n + 1)
     trig = jnp.where(half != 1, jnp.cos((n + 0.5) * theta) / jnp.cos(theta / 2), signed)
     value = jnp.where((n > 8) & (jnp.abs(x) < 1), trig, value)
     value = jnp.where(jnp.abs(x) == 1, jnp.where(x > 0, one, signed), value)
