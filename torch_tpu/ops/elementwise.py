@@ -255,10 +255,32 @@ lower_table(
         aten.bitwise_or.Scalar: _bitwise(jnp.bitwise_or, jnp.logical_or),
         aten.bitwise_xor.Tensor: _bitwise(jnp.bitwise_xor, jnp.logical_xor),
         aten.bitwise_xor.Scalar: _bitwise(jnp.bitwise_xor, jnp.logical_xor),
-        aten.bitwise_left_shift.Tensor: jnp.left_shift,
-        aten.bitwise_right_shift.Tensor: jnp.right_shift,
         aten.gcd.default: jnp.gcd,
         aten.lcm.default: jnp.lcm,
+    },
+    promote=Promote.DEFAULT,
+)
+
+
+# NOTE(torch-vs-xla): both shift out to 0 (or the sign, right-shifting a negative) for shift counts
+# outside [0, bits): XLA's shifts already do, so no clamping is needed.
+lower_table(
+    {
+        op: jnp.left_shift
+        for op in (aten.bitwise_left_shift.Tensor, aten.bitwise_left_shift.Tensor_Scalar,
+                   aten.bitwise_left_shift.Scalar_Tensor, aten.__lshift__.Tensor, aten.__lshift__.Scalar)
+    } | {
+        op: jnp.right_shift
+        for op in (aten.bitwise_right_shift.Tensor, aten.bitwise_right_shift.Tensor_Scalar,
+                   aten.bitwise_right_shift.Scalar_Tensor, aten.__rshift__.Tensor, aten.__rshift__.Scalar)
+    },
+    promote=Promote.DEFAULT,
+)
+# `a <<= b` is __ilshift__, which has no functional counterpart to derive it from.
+lower_table(
+    {
+        aten.__ilshift__.Tensor: jnp.left_shift, aten.__ilshift__.Scalar: jnp.left_shift,
+        aten.__irshift__.Tensor: jnp.right_shift, aten.__irshift__.Scalar: jnp.right_shift,
     },
     promote=Promote.DEFAULT,
 )

@@ -34,9 +34,12 @@ def index_put(x, indices, values, accumulate=False, unsafe=False):
         (position, mask), = masks
         mask = mask.reshape((1,) * position + mask.shape + (1,) * (x.ndim - position - mask.ndim))
         value = values.reshape(())
-        return jnp.where(mask, x + value if accumulate else value, x)
+        added = (x | value) if x.dtype == jnp.bool_ else x + value
+        return jnp.where(mask, added if accumulate else value, x)
     ref = x.at[_index_tuple(indices)]
-    return ref.add(values) if accumulate else ref.set(values)
+    if accumulate:
+        return ref.max(values) if x.dtype == jnp.bool_ else ref.add(values)  # bool: logical or
+    return ref.set(values)
 
 
 @lowers(aten.masked_scatter.default)
@@ -62,7 +65,9 @@ def put(x, index, source, accumulate=False):
     index = jnp.where(index < 0, index + flat.shape[0], index).reshape(-1)
     ref = flat.at[index]
     values = source.reshape(-1).astype(x.dtype)
-    return (ref.add(values) if accumulate else ref.set(values)).reshape(x.shape)
+    if accumulate:
+        return (ref.max(values) if x.dtype == jnp.bool_ else ref.add(values)).reshape(x.shape)
+    return ref.set(values).reshape(x.shape)
 
 
 @lowers(aten.index_select.default)
@@ -102,9 +107,9 @@ def _scatter(x, dim, index, src, reduce=None):
     if reduce is None:
         return ref.set(values)
     if reduce in ("add", "sum"):
-        return ref.add(values)
+        return ref.max(values) if x.dtype == jnp.bool_ else ref.add(values)  # bool: logical or
     if reduce in ("multiply", "prod"):
-        return ref.multiply(values)
+        return ref.min(values) if x.dtype == jnp.bool_ else ref.multiply(values)  # bool: logical and
     if reduce == "amax":
         return ref.max(values)
     if reduce == "amin":
@@ -161,6 +166,8 @@ def index_add(x, dim, index, source, alpha=1):
         return x + jnp.sum(source) * alpha
     dim = dim % x.ndim
     idx = (slice(None),) * dim + (index,)
+    if x.dtype == jnp.bool_:
+        return x.at[idx].max(source.astype(jnp.bool_) & (jnp.asarray(alpha) != 0))
     return x.at[idx].add((source * alpha).astype(x.dtype))
 
 

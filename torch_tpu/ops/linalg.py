@@ -146,9 +146,34 @@ def linalg_cholesky_ex(a, upper=False, check_errors=False):
     # PyTorch reads one triangle (lower, or upper for upper=True): no symmetrization.
     source = _mH(a) if upper else a
     factor = lax.linalg.cholesky(source, symmetrize_input=False)
-    info = _first_failure(~jnp.isfinite(jnp.diagonal(factor, axis1=-2, axis2=-1)))
+    failed = jnp.any(~jnp.isfinite(jnp.diagonal(factor, axis1=-2, axis2=-1)))
+    # XLA marks a failed factor with NaN throughout; LAPACK's info (the order of the first leading minor
+    # that is not positive-definite) needs an elimination: run it only when something failed.
+    info = lax.cond(failed, _cholesky_info, lambda m: jnp.zeros(m.shape[:-2], jnp.int32), source)
     factor = jnp.tril(factor)
     return (_mH(factor) if upper else factor), info
+
+
+def _cholesky_info(a):
+    """1 + the first k where the Cholesky pivot a_kk - sum_j L_kj^2 is not positive (0 if none), per matrix."""
+    n = a.shape[-1]
+    if n == 0:
+        return jnp.zeros(a.shape[:-2], jnp.int32)
+    index = jnp.arange(n)
+
+    def step(k, carry):
+        factor, info = carry
+        row = jnp.where(index < k, factor[..., k, :], 0)  # L[k, :k]
+        pivot = jnp.real(a[..., k, k] - jnp.sum(row * jnp.conj(row), axis=-1))
+        info = jnp.where((info == 0) & ~(pivot > 0), k + 1, info)
+        root = jnp.sqrt(jnp.where(pivot > 0, pivot, 1)).astype(a.dtype)
+        column = (a[..., :, k] - jnp.einsum("...ij,...j->...i", jnp.where(index < k, factor, 0), jnp.conj(row))) / root[..., None]
+        column = jnp.where(index > k, column, jnp.where(index == k, root[..., None], 0))
+        return factor.at[..., :, k].set(column), info
+
+    zeros = jnp.zeros(a.shape[:-2], jnp.int32)
+    _, info = lax.fori_loop(0, n, step, (jnp.zeros_like(a), zeros))
+    return info.astype(jnp.int32)
 
 
 @lowers(aten.cholesky.default)
