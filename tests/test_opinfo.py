@@ -1,7 +1,7 @@
 """OpInfo sweep: PyTorch's `op_db` samples on tpu vs CPU, classified, written to docs, ratcheted.
 
-Three modes (tests/opinfo_sweep.py runs them): float32 forward, float32 input
-gradients, bfloat16 forward. Every entry is native pass / mismatch / error /
+Four modes (tests/opinfo_sweep.py runs them): float32 forward, float32 input
+gradients, bfloat16 forward, float32 in-place/out= variants. Every entry is native pass / mismatch / error /
 fallback / skip (declared) / n/a (PyTorch's CPU rejects every sample, so there
 is no reference). Results go to docs/op-coverage.md (and .json); the pass sets
 may never shrink below tests/op_coverage_baseline.json (the ratchet). Raise the
@@ -102,8 +102,9 @@ def _sweep(mode, samples):
 @pytest.mark.parametrize("mode", list(sweep.MODES))
 def test_opinfo_sweep(mode):
     """Every op_db entry in `mode`: docs/op-coverage.md is rewritten; the pass set never shrinks."""
-    results = _sweep(mode, sweep.SAMPLES)
-    sweep.write_docs(mode, results, SKIP, XFAIL)
+    samples = sweep.SAMPLES_BY_MODE.get(mode, sweep.SAMPLES)
+    results = _sweep(mode, samples)
+    sweep.write_docs(mode, results, samples)
     sweep.check_ratchet(mode, results)
     sweep.check_xfail(mode, results, XFAIL)
 
