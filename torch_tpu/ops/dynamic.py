@@ -22,7 +22,7 @@ import torch
 
 from torch_tpu.ops.registry import aten, kernel, lowers, prepare
 
-_lib = torch.library.Library("torch_tpu", "DEF")
+_lib = torch.library.Library("torch_tpu", "FRAGMENT")  # other modules may add ops to the namespace too
 _lib.define("count_unique(Tensor self, int? dim, bool consecutive) -> Tensor")
 _lib.define("unique_static(Tensor self, int size, int? dim, bool consecutive, bool return_inverse, "
             "bool return_counts) -> (Tensor, Tensor, Tensor)")
