@@ -105,3 +105,37 @@ def multinomial(probs, num_samples, replacement=False, generator=None, *, key):
     # Without replacement: the top num_samples of logits + Gumbel noise (a draw in order, like PyTorch's).
     scores = logits + jax.random.gumbel(key, probs.shape, jnp.float32)
     return lax.top_k(scores, num_samples)[1].astype(jnp.int64)
+
+
+# ---------------------------------------------------------------- samplers behind torch.distributions
+def _wide(x):
+    return x.astype(jnp.float32) if x.dtype in (jnp.bfloat16, jnp.float16) else x
+
+
+@lowers(aten.poisson.default, rng=True)
+def poisson(rates, generator=None, *, key):
+    return jax.random.poisson(key, _wide(rates), rates.shape, dtype=jnp.int64).astype(rates.dtype)
+
+
+@lowers(aten.binomial.default, rng=True)
+def binomial(count, prob, generator=None, *, key):
+    shape = jnp.broadcast_shapes(count.shape, prob.shape)
+    return jax.random.binomial(key, _wide(count), _wide(prob), shape, dtype=jnp.float32).astype(count.dtype)
+
+
+@lowers(aten._standard_gamma.default, rng=True)
+def standard_gamma(alpha, generator=None, *, key):
+    return jax.random.gamma(key, _wide(alpha), alpha.shape).astype(alpha.dtype)
+
+
+@lowers(aten._standard_gamma_grad.default)
+def standard_gamma_grad(alpha, sample):
+    """d sample / d alpha of a Gamma(alpha, 1) draw (implicit reparameterisation: Gamma/Beta/Dirichlet rsample)."""
+    return lax.random_gamma_grad(_wide(alpha), _wide(sample)).astype(alpha.dtype)
+
+
+@lowers(aten._sample_dirichlet.default, rng=True)
+def sample_dirichlet(alpha, generator=None, *, key):
+    # Normalised Gamma draws along the last dimension, as PyTorch does.
+    gammas = jax.random.gamma(key, _wide(alpha), alpha.shape)
+    return (gammas / jnp.sum(gammas, axis=-1, keepdims=True)).astype(alpha.dtype)
