@@ -6,6 +6,7 @@ import sys
 import pytest
 import torch
 
+from conftest import UNLOWERED_OP_SOURCE
 from torch_tpu import metrics
 
 
@@ -43,14 +44,7 @@ def test_unsupported_dtype_is_clear():
         torch.ones(3, dtype=torch.complex32).to("tpu")
 
 
-# An op with a CPU kernel only: it stays unlowered whatever the op families grow to cover.
-_UNLOWERED = (
-    "import torch\n"
-    "_lib = torch.library.Library('tpu_test', 'FRAGMENT')\n"
-    "_lib.define('unlowered(Tensor x) -> Tensor')\n"
-    "_lib.impl('unlowered', lambda x: x * 2 + 1, 'CPU')\n"
-)
-exec(_UNLOWERED)
+exec(UNLOWERED_OP_SOURCE)
 
 
 def test_fallback_warns_once_and_counts():
@@ -68,7 +62,7 @@ def test_fallback_warns_once_and_counts():
 
 def test_fallback_error_mode():
     """TORCH_TPU_FALLBACK=error turns a CPU fallback into NotImplementedError."""
-    code = _UNLOWERED + "import torch_tpu\ntorch.ops.tpu_test.unlowered(torch.randn(3, 4, device='tpu'))\n"
+    code = UNLOWERED_OP_SOURCE + "import torch_tpu\ntorch.ops.tpu_test.unlowered(torch.randn(3, 4, device='tpu'))\n"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                          env=dict(os.environ, TORCH_TPU_FALLBACK="error"))
     assert out.returncode != 0
