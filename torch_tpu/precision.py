@@ -23,3 +23,13 @@ def matmul_f32(a, b):
         return jnp.matmul(a.astype(jnp.bfloat16), b.astype(jnp.bfloat16), preferred_element_type=jnp.float32)
     mode = lax.Precision.HIGHEST if level == "highest" else lax.Precision.HIGH
     return jnp.matmul(a, b, precision=mode, preferred_element_type=jnp.float32)
+
+
+def conv_f32(lhs, rhs, **conv_kwargs):
+    """A float32 `lax.conv_general_dilated` at the current precision (called while tracing a program)."""
+    level = matmul_precision()
+    if level == "medium":
+        return lax.conv_general_dilated(lhs.astype(jnp.bfloat16), rhs.astype(jnp.bfloat16),
+                                        preferred_element_type=jnp.float32, **conv_kwargs)
+    mode = lax.Precision.HIGHEST if level == "highest" else lax.Precision.HIGH
+    return lax.conv_general_dilated(lhs, rhs, precision=mode, preferred_element_type=jnp.float32, **conv_kwargs)

@@ -64,7 +64,7 @@ def register_all() -> None:
             if op in _kernels:
                 continue
             add(op, _lowered_kernel(op, lowering, via_functional=False))
-            for variant in mutating_variants(op):
+            for variant in (mutating_variants(op) if not lowering.mutates else ()):
                 if variant not in _kernels and registry.get(variant) is None:
                     add(variant, _lowered_kernel(variant, lowering, via_functional=True))
         for op in metadata_ops():
@@ -77,7 +77,7 @@ def _lowered_kernel(op, lowering, via_functional: bool):
     from torch_tpu.eager.executor import execute
 
     # functools.partial is called from C: one Python frame less per op than a closure.
-    return functools.partial(execute, spec(op), lowering, via_functional)
+    return functools.partial(execute, spec(op, lowering.mutates), lowering, via_functional)
 
 
 def mutating_variants(op) -> list:

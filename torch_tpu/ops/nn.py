@@ -139,49 +139,6 @@ def log_softmax_backward(grad, y, dim, input_dtype):
     return g - jnp.exp(y) * jnp.sum(g, axis=dim, keepdims=True)
 
 
-# ---------------------------------------------------------------- layer norm
-@lowers(aten.native_layer_norm.default)
-def native_layer_norm(x, normalized_shape, weight, bias, eps):
-    axes = tuple(range(x.ndim - len(normalized_shape), x.ndim))
-    a = _opmath(x)
-    mean = jnp.mean(a, axis=axes, keepdims=True)
-    var = jnp.mean(jnp.square(a - mean), axis=axes, keepdims=True)
-    rstd = lax.rsqrt(var + eps)
-    out = (a - mean) * rstd
-    if weight is not None:
-        out = out * _opmath(weight)
-    if bias is not None:
-        out = out + _opmath(bias)
-    return out, mean, rstd
-
-
-@lowers(aten.native_layer_norm_backward.default)
-def native_layer_norm_backward(grad, x, normalized_shape, mean, rstd, weight, bias, output_mask):
-    n_norm = len(normalized_shape)
-    axes = tuple(range(x.ndim - n_norm, x.ndim))
-    batch_axes = tuple(range(x.ndim - n_norm))
-    g, a = _opmath(grad), _opmath(x)
-    xhat = (a - mean) * rstd
-    gw = g * _opmath(weight) if weight is not None else g
-    n = math.prod(x.shape[d] for d in axes)
-    grad_input = grad_weight = grad_bias = None
-    if output_mask[0]:
-        grad_input = rstd / n * (n * gw - jnp.sum(gw, axis=axes, keepdims=True)
-                                 - xhat * jnp.sum(gw * xhat, axis=axes, keepdims=True))
-    if output_mask[1] and weight is not None:
-        grad_weight = jnp.sum(g * xhat, axis=batch_axes)
-    if output_mask[2] and bias is not None:
-        grad_bias = jnp.sum(g, axis=batch_axes)
-    return _or_empty(grad_input, x), _or_empty(grad_weight, weight), _or_empty(grad_bias, bias)
-
-
-def _or_empty(value, like):
-    # PyTorch returns undefined tensors for masked-out grads; the executor needs arrays.
-    if value is not None:
-        return value
-    return jnp.zeros((0,), _F32) if like is None else jnp.zeros(like.shape, like.dtype)
-
-
 # ---------------------------------------------------------------- dropout
 @lowers(aten.native_dropout.default, rng=True)
 def native_dropout(x, p, train, *, key):
