@@ -436,3 +436,79 @@ def test_dropout_training_mask_and_gradient_agree():
     assert 0.70 < kept.float().mean().item() < 0.80
     torch.testing.assert_close(y.detach().cpu()[kept], torch.full((int(kept.sum()),), 1 / 0.75))
     torch.testing.assert_close(x.grad.cpu(), y.detach().cpu())
+
+
+# ---------------------------------------------------------------- attention
+def _sdpa(**kw):
+    return lambda q, k, v, *mask: F.scaled_dot_product_attention(q, k, v, *mask, **kw)
+
+
+ATTENTION = [
+    case("sdpa", _sdpa(), randn(2, 3, 5, 8), randn(2, 3, 6, 8), randn(2, 3, 6, 4)),
+    case("sdpa-causal", _sdpa(is_causal=True), randn(2, 3, 5, 8), randn(2, 3, 5, 8), randn(2, 3, 5, 8)),
+    case("sdpa-causal-rectangular", _sdpa(is_causal=True), randn(2, 3, 4, 8), randn(2, 3, 6, 8), randn(2, 3, 6, 8)),
+    case("sdpa-bool-mask", _sdpa(), randn(2, 3, 5, 8), randn(2, 3, 6, 8), randn(2, 3, 6, 8), torch.rand(5, 6) > 0.3),
+    case("sdpa-float-mask", _sdpa(), randn(2, 3, 5, 8), randn(2, 3, 6, 8), randn(2, 3, 6, 8), randn(2, 1, 5, 6)),
+    case("sdpa-fully-masked-row", _sdpa(), randn(1, 1, 3, 4), randn(1, 1, 3, 4), randn(1, 1, 3, 4),
+         torch.tensor([[True, True, False], [False, False, False], [True, False, True]])),
+    case("sdpa-scale", _sdpa(scale=0.3), randn(2, 3, 5, 8), randn(2, 3, 6, 8), randn(2, 3, 6, 8)),
+    case("sdpa-gqa", _sdpa(is_causal=True, enable_gqa=True), randn(2, 6, 5, 8), randn(2, 2, 5, 8), randn(2, 2, 5, 8)),
+    case("sdpa-3d", _sdpa(), randn(3, 5, 8), randn(3, 6, 8), randn(3, 6, 8)),
+    case("sdpa-bfloat16", _sdpa(is_causal=True), randn(2, 2, 5, 8, dtype=torch.bfloat16),
+         randn(2, 2, 5, 8, dtype=torch.bfloat16), randn(2, 2, 5, 8, dtype=torch.bfloat16), atol=2e-2, rtol=2e-2),
+    case("multi_head_attention", lambda x, w, b, o: F.multi_head_attention_forward(
+        x, x, x, 8, 2, w, b, None, None, False, 0.0, o, None, need_weights=False)[0],
+        randn(5, 2, 8), randn(24, 8), randn(24), randn(8, 8), atol=1e-4, rtol=1e-4),
+]
+
+
+@pytest.mark.parametrize("fn,args,atol,rtol,grads", ATTENTION)
+def test_attention(fn, args, atol, rtol, grads):
+    """scaled_dot_product_attention (masks, causal, scale, GQA) and its gradients."""
+    run_cases(fn, args, atol, rtol, grads)
+
+
+def test_attention_is_one_fused_program():
+    """SDPA runs as the overrideable fused op, forward and backward: no matmul/softmax programs of its own."""
+    q, k, v = (torch.randn(2, 2, 4, 8, device="tpu", requires_grad=True) for _ in range(3))
+    launched = []
+
+    class Record(torch.utils._python_dispatch.TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            launched.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with Record():
+        F.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
+    assert "aten._scaled_dot_product_fused_attention_overrideable.default" in launched
+    assert "aten._scaled_dot_product_fused_attention_overrideable_backward.default" in launched
+    assert not any("bmm" in op or "softmax" in op for op in launched), launched
+
+
+def test_attention_math_backend_still_available():
+    """sdpa_kernel(MATH) selects PyTorch's math decomposition, which is native too."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel(SDPBackend.MATH):
+        assert_matches_cpu(_sdpa(is_causal=True), randn(2, 2, 4, 8), randn(2, 2, 4, 8), randn(2, 2, 4, 8), grads=True)
+
+
+def test_attention_dropout_gradient_uses_the_forward_mask():
+    """With dropout, the backward regenerates the forward's mask: gradients equal CPU's for that same mask."""
+    torch.manual_seed(0)
+    q, k = torch.randn(2, 2, 6, 8), torch.randn(2, 2, 6, 8)
+    eye = torch.eye(6).expand(2, 2, 6, 6)  # value = identity: the output is the dropped-out probability matrix
+    qt, kt, vt = (t.to("tpu").requires_grad_() for t in (q, k, eye))
+    out = F.scaled_dot_product_attention(qt, kt, vt, dropout_p=0.4)
+    g = torch.randn(2, 2, 6, 6)
+    out.backward(g.to("tpu"))
+    keep = out.detach().cpu() != 0
+    assert 0.35 < 1 - keep.float().mean().item() < 0.45
+
+    qc, kc, vc = (t.clone().requires_grad_() for t in (q, k, eye))
+    probs = torch.softmax(qc @ kc.transpose(-1, -2) / 8 ** 0.5, -1)
+    expected = (probs * keep / 0.6) @ vc
+    expected.backward(g)
+    torch.testing.assert_close(out.detach().cpu(), expected.detach(), atol=1e-5, rtol=1e-5)
+    for actual, reference in ((qt, qc), (kt, kc), (vt, vc)):
+        torch.testing.assert_close(actual.grad.cpu(), reference.grad, atol=1e-5, rtol=1e-5)

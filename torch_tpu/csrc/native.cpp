@@ -10,6 +10,8 @@
 #include <torch/extension.h>
 
 #include <ATen/EmptyTensor.h>
+#include <ATen/SDPBackend.h>
+#include <ATen/native/transformers/attention.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/csrc/Generator.h>
@@ -426,6 +428,25 @@ py::dict memory_stats(int index) {
 }
 
 }  // namespace
+
+// ---------------------------------------------------------------- attention
+// F.scaled_dot_product_attention asks a per-device stub which backend to use; with none registered
+// a PrivateUse1 device always gets the unfused math path. Pick the overrideable fused op (lowered
+// in ops/attention.py as one program) unless sdpa_kernel() disabled it, or the head counts differ
+// without enable_gqa (then the math path raises PyTorch's own shape error).
+namespace at::native {
+namespace {
+int64_t tpu_fused_sdp_choice(const Tensor& query, const Tensor& key, const Tensor&, const std::optional<Tensor>&,
+                             double, bool, std::optional<double>, bool enable_gqa) {
+  bool heads_match = query.dim() < 3 || key.dim() < 3 || query.size(-3) == key.size(-3);
+  if (at::globalContext().userEnabledOverrideableSDP() && (heads_match || enable_gqa)) {
+    return static_cast<int64_t>(at::SDPBackend::overrideable);
+  }
+  return static_cast<int64_t>(at::SDPBackend::math);
+}
+}  // namespace
+REGISTER_PRIVATEUSE1_DISPATCH(_fused_sdp_choice_stub, &tpu_fused_sdp_choice)
+}  // namespace at::native
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("empty.memory_format", &empty_memory_format);

@@ -57,13 +57,16 @@ class OpSpec:
         self.writes = tuple(i for i, a in enumerate(args)
                             if (a.alias_info is not None and a.alias_info.is_write) or a.name in mutates)
         self.is_out = any(args[i].kwarg_only for i in self.writes)
-        # Each return: ("arg", i) when it aliases written argument i, else ("fresh", is_list).
+        # Each return: ("arg", i) when it aliases written argument i, ("value", None) for a non-tensor
+        # (e.g. a SymInt, taken from the meta run), else ("fresh", is_list).
         returns = []
         for r in schema.returns:
             alias = r.alias_info
             if alias is not None and alias.is_write:
                 target = next(i for i in self.writes if args[i].alias_info.before_set == alias.before_set)
                 returns.append(("arg", target))
+            elif "Tensor" not in str(r.type):
+                returns.append(("value", None))
             else:
                 returns.append(("fresh", str(r.type).startswith("List")))
         self.returns = tuple(returns)

@@ -70,10 +70,10 @@ class OpProgram:
     """Everything derived from one signature; `executable` is jitted on first strict use."""
 
     __slots__ = ("key", "spec", "outputs", "return_counts", "input_slots", "updated_slots", "slot_dtypes", "resize",
-                 "trace", "executable", "device")
+                 "trace", "executable", "device", "values")
 
     def __init__(self, key, spec, outputs, return_counts, input_slots, updated_slots, slot_dtypes, resize, trace,
-                 device):
+                 device, values=()):
         self.key = key
         self.spec = spec
         self.outputs = outputs  # OutputMeta per fresh output (list returns flattened)
@@ -85,6 +85,7 @@ class OpProgram:
         self.trace = trace
         self.executable = None
         self.device = device
+        self.values = values  # the meta run's non-tensor returns (SymInts), in order
 
 
 def build(key, spec: OpSpec, lowering: Lowering, scalars: list, via_functional: bool) -> OpProgram:
@@ -98,7 +99,7 @@ def build(key, spec: OpSpec, lowering: Lowering, scalars: list, via_functional: 
                          lambda v, dtype: torch.empty((), dtype=dtype, device="meta"), lambda vs, ts: list(vs))
     if "device" in spec.index:  # factories: build on meta, not on tpu
         meta_args[spec.index["device"]] = torch.device("meta")
-    outputs, return_counts, resize = _meta_outputs(spec, meta_args, key_args)
+    outputs, return_counts, resize, values = _meta_outputs(spec, meta_args, key_args)
 
     # The arguments the lowering sees: out= arguments are not the functional op's.
     passed = tuple(i for i in range(spec.n_args) if not (via_functional and spec.is_out and i in spec.writes))
@@ -121,11 +122,14 @@ def build(key, spec: OpSpec, lowering: Lowering, scalars: list, via_functional: 
         for index, (buffer_dtype, _) in enumerate(slots)
     )
     if outputs is None:  # no meta kernel: let JAX tell the shapes (contiguous outputs)
+        if any(kind == "value" for kind, _ in spec.returns):
+            raise NotImplementedError(f"{spec.name} returns non-tensors and has no meta kernel")
         outputs, return_counts = _probe_outputs(spec, lowering, key_args, slots, slot_dtypes, passed, input_slots,
                                                 updated_slots, compute_dtype, scalars)
     trace = _make_trace(spec, lowering, key_args, slots, slot_dtypes, passed, input_slots, updated_slots, outputs,
                         compute_dtype)
-    return OpProgram(key, spec, outputs, return_counts, input_slots, updated_slots, slot_dtypes, resize, trace, device)
+    return OpProgram(key, spec, outputs, return_counts, input_slots, updated_slots, slot_dtypes, resize, trace, device,
+                     tuple(values))
 
 
 def _meta_tensor(entry):
@@ -170,16 +174,18 @@ def _is_meta_gap(err: Exception) -> bool:
 
 
 def _meta_outputs(spec: OpSpec, meta_args, key_args):
-    """(OutputMeta per fresh result or None if meta is unsupported, list-return counts, out= resizes)."""
+    """(OutputMeta per fresh result or None if meta is unsupported, list-return counts, out= resizes, non-tensor returns)."""
     try:
         result = spec.call(meta_args)
     except Exception as err:
         if _is_meta_gap(err):
-            return None, None, {}
+            return None, None, {}, ()
         raise
     results = (result,) if len(spec.returns) == 1 else tuple(result or ())
-    outputs, counts = [], []
+    outputs, counts, values = [], [], []
     for (kind, is_list), r in zip(spec.returns, results):
+        if kind == "value":
+            values.append(r)
         if kind != "fresh":
             continue
         if is_list:
@@ -192,7 +198,7 @@ def _meta_outputs(spec: OpSpec, meta_args, key_args):
         entry = key_args[i]
         if spec.kinds[i] in _TENSOR_KINDS and entry is not None and tuple(meta_args[i].shape) != entry[2]:
             resize[i] = tuple(meta_args[i].shape)
-    return outputs, counts, resize
+    return outputs, counts, resize, values
 
 
 def _probe_outputs(spec, lowering, key_args, slots, slot_dtypes, passed, input_slots, updated_slots, compute_dtype,
