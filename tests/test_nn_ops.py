@@ -512,3 +512,60 @@ def test_attention_dropout_gradient_uses_the_forward_mask():
     torch.testing.assert_close(out.detach().cpu(), expected.detach(), atol=1e-5, rtol=1e-5)
     for actual, reference in ((qt, qc), (kt, kc), (vt, vc)):
         torch.testing.assert_close(actual.grad.cpu(), reference.grad, atol=1e-5, rtol=1e-5)
+
+
+# ---------------------------------------------------------------- recurrent layers
+RECURRENT = [
+    pytest.param(lambda: nn.LSTM(4, 8, batch_first=True), (2, 5, 4), id="lstm"),
+    pytest.param(lambda: nn.LSTM(4, 8, num_layers=2, bidirectional=True), (5, 2, 4), id="lstm-2layer-bidirectional"),
+    pytest.param(lambda: nn.LSTM(4, 8, proj_size=3), (5, 2, 4), id="lstm-projection"),
+    pytest.param(lambda: nn.LSTM(4, 8, bias=False), (5, 4), id="lstm-unbatched-no-bias"),
+    pytest.param(lambda: nn.GRU(4, 8), (5, 2, 4), id="gru"),
+    pytest.param(lambda: nn.GRU(4, 8, num_layers=2, bidirectional=True, batch_first=True), (2, 5, 4),
+                 id="gru-2layer-bidirectional"),
+    pytest.param(lambda: nn.GRU(4, 8, bias=False), (5, 2, 4), id="gru-no-bias"),
+    pytest.param(lambda: nn.RNN(4, 8, nonlinearity="relu"), (5, 2, 4), id="rnn-relu"),
+    pytest.param(lambda: nn.RNN(4, 8), (5, 2, 4), id="rnn-tanh"),
+    pytest.param(lambda: nn.LSTMCell(4, 8), (3, 4), id="lstm_cell"),
+    pytest.param(lambda: nn.GRUCell(4, 8), (3, 4), id="gru_cell"),
+]
+
+
+@pytest.mark.parametrize("make,shape", RECURRENT)
+def test_recurrent(make, shape):
+    """nn.LSTM/GRU/RNN and their cells: outputs, final states, input and weight gradients."""
+    torch.manual_seed(0)
+    cpu = make()
+    tpu = copy.deepcopy(cpu).to("tpu")
+    x = torch.randn(*shape)
+
+    def step(module, x):
+        out = torch.utils._pytree.tree_leaves(module(x))
+        sum(((o * (i + 1)).sum() for i, o in enumerate(out))).backward()
+        return out, x.grad, [p.grad for p in module.parameters()]
+
+    expected = step(cpu, x.clone().requires_grad_())
+    actual = step(tpu, x.to("tpu").requires_grad_())
+    for a, e in zip(torch.utils._pytree.tree_leaves(actual), torch.utils._pytree.tree_leaves(expected)):
+        torch.testing.assert_close(a.cpu(), e, atol=1e-5, rtol=1e-5)
+
+
+def test_lstm_packed_sequence():
+    """An LSTM over a packed batch of variable-length sequences."""
+    torch.manual_seed(0)
+    cpu = nn.LSTM(3, 5)
+    tpu = copy.deepcopy(cpu).to("tpu")
+    x = torch.randn(6, 3, 3)
+    lengths = torch.tensor([6, 4, 2])
+
+    def run(module, x):
+        packed = nn.utils.rnn.pack_padded_sequence(x, lengths)
+        out, (h, c) = module(packed)
+        padded, _ = nn.utils.rnn.pad_packed_sequence(out)
+        (padded.sum() + 2 * h.sum() + 3 * c.sum()).backward()
+        return padded, h, c, x.grad
+
+    expected = run(cpu, x.clone().requires_grad_())
+    actual = run(tpu, x.to("tpu").requires_grad_())
+    for a, e in zip(actual, expected):
+        torch.testing.assert_close(a.cpu(), e, atol=1e-5, rtol=1e-5)
