@@ -569,3 +569,49 @@ def test_lstm_packed_sequence():
     actual = run(tpu, x.to("tpu").requires_grad_())
     for a, e in zip(actual, expected):
         torch.testing.assert_close(a.cpu(), e, atol=1e-5, rtol=1e-5)
+
+
+FAST_PATH = [
+    pytest.param(lambda: nn.MultiheadAttention(8, 2, batch_first=True), {}, id="mha"),
+    pytest.param(lambda: nn.MultiheadAttention(8, 2, batch_first=True), {"need_weights": True}, id="mha-weights"),
+    pytest.param(lambda: nn.MultiheadAttention(8, 2, batch_first=True),
+                 {"need_weights": True, "average_attn_weights": False}, id="mha-head-weights"),
+    pytest.param(lambda: nn.MultiheadAttention(8, 2, batch_first=True), {"key_padding_mask": "padding"},
+                 id="mha-key-padding"),
+    pytest.param(lambda: nn.MultiheadAttention(8, 2, batch_first=True), {"attn_mask": "causal"}, id="mha-attn-mask"),
+    pytest.param(lambda: nn.TransformerEncoderLayer(8, 2, 16, 0.0, batch_first=True), {}, id="encoder-post-norm-relu"),
+    pytest.param(lambda: nn.TransformerEncoderLayer(8, 2, 16, 0.0, "gelu", batch_first=True, norm_first=True),
+                 {"src_key_padding_mask": "padding"}, id="encoder-pre-norm-gelu-padding"),
+]
+
+
+@pytest.mark.parametrize("make,kwargs", FAST_PATH)
+def test_inference_fast_path(make, kwargs):
+    """Eval + no_grad nn.MultiheadAttention / nn.TransformerEncoderLayer take PyTorch's fused kernels, natively."""
+    torch.manual_seed(0)
+    cpu = make().eval()
+    tpu = copy.deepcopy(cpu).to("tpu")
+    x = torch.randn(2, 5, 8)
+    masks = {"padding": torch.tensor([[False] * 5, [False, False, False, True, True]]),
+             "causal": torch.triu(torch.ones(5, 5, dtype=torch.bool), 1)}
+
+    def run(module, device):
+        kw = {k: masks[v].to(device) if isinstance(v, str) else v for k, v in kwargs.items()}
+        inputs = (x.to(device),) * (3 if isinstance(module, nn.MultiheadAttention) else 1)
+        with torch.no_grad():
+            return module(*inputs, **kw)
+
+    fused = "aten._native_multi_head_attention" if isinstance(cpu, nn.MultiheadAttention) else "aten._transformer_encoder_layer_fwd"
+    launched = []
+
+    class Record(torch.utils._python_dispatch.TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            launched.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    expected = run(cpu, "cpu")
+    with Record():
+        actual = run(tpu, "tpu")
+    assert any(op.startswith(fused) for op in launched), launched
+    for a, e in zip(torch.utils._pytree.tree_leaves(actual), torch.utils._pytree.tree_leaves(expected)):
+        torch.testing.assert_close(a.cpu(), e, atol=1e-5, rtol=1e-5)

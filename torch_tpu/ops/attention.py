@@ -20,6 +20,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from torch_tpu import precision
+from torch_tpu.ops.normalization import native_layer_norm as layer_norm
 from torch_tpu.ops.registry import aten, lowers
 
 _LOW = (jnp.bfloat16, jnp.float16)
@@ -136,3 +137,64 @@ def _sum_to(x, shape):
     x = jnp.sum(x, axis=tuple(range(lead))) if lead else x
     axes = tuple(i for i, n in enumerate(shape) if n == 1 and x.shape[i] != 1)
     return jnp.sum(x, axis=axes, keepdims=True) if axes else x
+
+
+# ---------------------------------------------------------------- fused inference paths
+# nn.MultiheadAttention and nn.TransformerEncoderLayer (batch_first, eval mode, no grad) call these
+# fused kernels on "tpu" as on CPU/CUDA. Masks: bool (True = masked out) or float (nonzero = masked
+# out, as PyTorch's kernels convert them); mask_type 0 = (L, S), 1 = key padding (B, S), 2 = (B, H, L, S).
+def _linear(x, w, b):
+    return _mm(x, jnp.swapaxes(w, 0, 1)) + b
+
+
+def _mha(query, key, value, embed_dim, heads, qkv_weight, qkv_bias, proj_weight, proj_bias, mask, mask_type):
+    b, length, _ = query.shape
+    head_dim = embed_dim // heads
+    wq, wk, wv = jnp.split(qkv_weight, 3)
+    bq, bk, bv = jnp.split(qkv_bias, 3)
+
+    def heads_of(x, w, bias):
+        return _linear(x, w, bias).reshape(b, x.shape[1], heads, head_dim).transpose(0, 2, 1, 3)
+
+    q, k, v = heads_of(query, wq, bq), heads_of(key, wk, bk), heads_of(value, wv, bv)
+    scores = _mm(q, jnp.swapaxes(k, -1, -2)) / jnp.sqrt(jnp.asarray(head_dim, q.dtype))
+    if mask is not None:
+        masked = mask if mask.dtype == jnp.bool_ else mask != 0
+        if mask_type == 1:
+            masked = masked.reshape(b, 1, 1, -1)
+        scores = jnp.where(masked, -jnp.inf, scores)
+    # NOTE(torch-vs-xla): a fully masked row is NaN here, as in PyTorch's CPU kernel.
+    p = jax.nn.softmax(scores, axis=-1)
+    context = _mm(_operand(p, v), v).transpose(0, 2, 1, 3).reshape(b, length, embed_dim)
+    return _linear(context, proj_weight, proj_bias), p
+
+
+@lowers(aten._native_multi_head_attention.default, precision=True)
+def native_multi_head_attention(query, key, value, embed_dim, num_head, qkv_weight, qkv_bias, proj_weight, proj_bias,
+                                mask=None, need_weights=True, average_attn_weights=True, mask_type=None):
+    out, p = _mha(query, key, value, embed_dim, num_head, qkv_weight, qkv_bias, proj_weight, proj_bias, mask,
+                  mask_type)
+    if not need_weights:
+        return out, jnp.zeros((0,), out.dtype)
+    return out, jnp.mean(p, axis=1) if average_attn_weights else p
+
+
+@lowers(aten._transformer_encoder_layer_fwd.default, precision=True)
+def transformer_encoder_layer_fwd(src, embed_dim, num_heads, qkv_weight, qkv_bias, proj_weight, proj_bias, use_gelu,
+                                  norm_first, eps, norm_weight_1, norm_bias_1, norm_weight_2, norm_bias_2,
+                                  ffn_weight_1, ffn_bias_1, ffn_weight_2, ffn_bias_2, mask=None, mask_type=None):
+    def norm(x, w, b):
+        return layer_norm(x, (embed_dim,), w, b, eps)[0]
+
+    def ffn(x):
+        h = _linear(x, ffn_weight_1, ffn_bias_1)
+        h = jax.nn.gelu(h, approximate=False) if use_gelu else jnp.maximum(h, 0)
+        return _linear(h, ffn_weight_2, ffn_bias_2)
+
+    x = norm(src, norm_weight_1, norm_bias_1) if norm_first else src
+    x = _mha(x, x, x, embed_dim, num_heads, qkv_weight, qkv_bias, proj_weight, proj_bias, mask, mask_type)[0] + src
+    if not norm_first:
+        x = norm(x, norm_weight_1, norm_bias_1)
+    residual = x
+    x = ffn(norm(x, norm_weight_2, norm_bias_2) if norm_first else x) + residual
+    return x if norm_first else norm(x, norm_weight_2, norm_bias_2)
