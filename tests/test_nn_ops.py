@@ -123,6 +123,15 @@ POOL = [
     case("max_unpool2d", lambda x: F.max_unpool2d(*F.max_pool2d(x, 2, return_indices=True), 2), randn(2, 3, 8, 8)),
     case("max_unpool3d", lambda x: F.max_unpool3d(*F.max_pool3d(x, 2, return_indices=True), 2), randn(1, 2, 4, 4, 4)),
     case("lp_pool2d", lambda x: F.lp_pool2d(x, 2, 2), randn(2, 3, 8, 8)),
+    case("fractional_max_pool2d", lambda x, s: F.fractional_max_pool2d(x, 2, output_size=(4, 3), return_indices=True,
+                                                                       _random_samples=s),
+         randn(2, 3, 9, 7), torch.rand(2, 3, 2)),
+    case("fractional_max_pool2d-unbatched", lambda x, s: F.fractional_max_pool2d(x, (2, 3), output_ratio=(0.5, 0.5),
+                                                                                 _random_samples=s),
+         randn(3, 8, 9), torch.rand(1, 3, 2)),
+    case("fractional_max_pool3d", lambda x, s: F.fractional_max_pool3d(x, (2, 3, 2), output_size=(4, 5, 3),
+                                                                       return_indices=True, _random_samples=s),
+         randn(2, 3, 9, 8, 7), torch.rand(2, 3, 3)),
 ]
 
 
@@ -368,6 +377,16 @@ MISC = [
     case("linear", F.linear, randn(4, 5), randn(3, 5), randn(3)),
     case("bilinear", F.bilinear, randn(4, 5), randn(4, 6), randn(3, 5, 6), randn(3)),
     case("dropout-eval", lambda x: F.dropout(x, 0.5, training=False), randn(4, 5)),
+    *[case(f"pdist-p{p}", lambda x, p=p: F.pdist(x, p), randn(5, 4)) for p in (2, 1, 3, 0.5, 0, float("inf"))],
+    *[case(f"grid_sample-{mode}-{padding}-{'align' if align else 'noalign'}",
+           lambda x, g, mode=mode, padding=padding, align=align: F.grid_sample(x, g, mode, padding, align),
+           randn(2, 3, 5, 6), (torch.rand(2, 4, 3, 2) * 2.4 - 1.2).requires_grad_(), atol=1e-4, rtol=1e-4)
+      for mode in ("bilinear", "nearest", "bicubic") for padding in ("zeros", "border", "reflection")
+      for align in (False, True)],
+    case("grid_sample-3d", lambda x, g: F.grid_sample(x, g, align_corners=False), randn(1, 2, 4, 5, 3),
+         (torch.rand(1, 2, 3, 4, 3) * 2.4 - 1.2).requires_grad_(), atol=1e-4, rtol=1e-4),
+    case("affine_grid-grid_sample", lambda x, t: F.grid_sample(x, F.affine_grid(t, (2, 3, 4, 5), False), align_corners=False),
+         randn(2, 3, 5, 6), randn(2, 2, 3), atol=1e-4, rtol=1e-4),
 ]
 EMBEDDING_BAG = [
     case(f"embedding_bag-{mode}{suffix}", lambda w, i, o, mode=mode, kw=kw: F.embedding_bag(i, w, o, mode=mode, **kw),

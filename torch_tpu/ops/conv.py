@@ -83,7 +83,9 @@ def convolution_backward(grad, x, w, bias_sizes, stride, padding, dilation, tran
     grad_input = grad_weight = grad_bias = None
     if transposed:
         if output_mask[0]:
+            # An output_padding >= stride (allowed when < dilation) adds output rows no input reaches.
             grad_input = _conv(grad, w, stride, padding, dilation, groups)
+            grad_input = grad_input[(Ellipsis,) + tuple(slice(0, n) for n in x.shape[2:])]
         if output_mask[1]:
             grad_weight = _weight_grad(grad, x, kernel, stride, padding, dilation, groups)
     else:

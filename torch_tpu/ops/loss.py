@@ -148,8 +148,8 @@ def soft_margin_loss_backward(grad, x, target, reduction):
 
 # ---------------------------------------------------------------- margin losses over classes
 def _as_batch(x, target):
-    """(N, C) scores and (N,) or (N, C) targets (1-d inputs are one sample)."""
-    return (x[None], target.reshape((1,) + target.shape[x.ndim - 1:])) if x.ndim <= 1 else (x, target)
+    """(N, C) scores and their (N, ...) targets (0-d and 1-d inputs are one sample)."""
+    return (x.reshape(1, -1), target.reshape(1, -1)) if x.ndim <= 1 else (x, target)
 
 
 def _multi_margin_terms(x, target, p, margin, weight):

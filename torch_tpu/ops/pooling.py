@@ -154,7 +154,7 @@ def _adaptive_windows(x, output_size, fill):
         w = w.reshape(w.shape[:lead + 2 * dim] + index.shape + w.shape[lead + 2 * dim + 1:])
     order = list(range(lead)) + [lead + 2 * i for i in range(nd)] + [lead + 2 * i + 1 for i in range(nd)]
     w = jnp.transpose(w, order)
-    w = w.reshape(w.shape[:lead + nd] + (-1,))
+    w = w.reshape(w.shape[:lead + nd] + (math.prod(index.shape[1] for index, _ in bins),))
     valid = bins[0][1]
     for _, v in bins[1:]:
         valid = valid[..., None, None] & v
@@ -232,3 +232,48 @@ for _nd in (2, 3):
     }
     for _name, _fn in _ops.items():
         register(getattr(aten, _name).default, functools.partial(_fn, _nd))
+
+
+# ---------------------------------------------------------------- fractional max pool
+def _fractional_starts(samples, n, o, k):
+    """PyTorch's generate_intervals: pseudo-random window starts from a sample in [0, 1), per plane."""
+    if o == 1:
+        return jnp.full(samples.shape + (1,), n - k, jnp.int64)
+    alpha = jnp.asarray(n - k, samples.dtype) / jnp.asarray(o - 1, samples.dtype)
+    i = jnp.arange(o - 1, dtype=samples.dtype)
+    starts = ((i + samples[..., None]) * alpha).astype(jnp.int64) - (samples * alpha).astype(jnp.int64)[..., None]
+    return jnp.concatenate([starts, jnp.full(samples.shape + (1,), n - k, jnp.int64)], axis=-1)
+
+
+def fractional_max_pool(nd, x, kernel_size, output_size, random_samples):
+    batched = x.ndim == nd + 2
+    x4 = x if batched else x[None]
+    n, c = x4.shape[:2]
+    sizes = x4.shape[2:]
+    kernel = _expand(kernel_size, nd)
+    output_size = _expand(output_size, nd)
+    samples = random_samples.reshape(n, c, nd).astype(x.dtype)
+    # The samples are ordered W, H for 2d and T, H, W for 3d (PyTorch's kernels).
+    order = (1, 0) if nd == 2 else (0, 1, 2)
+    flat = jnp.zeros((n, c) + tuple(output_size) + tuple(kernel), jnp.int64)
+    for dim, (size, o, k) in enumerate(zip(sizes, output_size, kernel)):
+        positions = _fractional_starts(samples[..., order[dim]], size, o, k)[..., None] + jnp.arange(k)  # (N, C, o, k)
+        shape = [n, c] + [1] * (2 * nd)
+        shape[2 + dim], shape[2 + nd + dim] = o, k
+        flat = flat + positions.reshape(shape) * math.prod(sizes[dim + 1:])
+    flat = flat.reshape(n, c, math.prod(output_size), math.prod(kernel))
+    windows = jnp.take_along_axis(x4.reshape(n, c, -1), flat.reshape(n, c, -1), axis=2).reshape(flat.shape)
+    best = jnp.argmax(windows, axis=-1)[..., None]
+    values = jnp.take_along_axis(windows, best, axis=-1)[..., 0].reshape((n, c) + tuple(output_size))
+    index = jnp.take_along_axis(flat, best, axis=-1)[..., 0].reshape((n, c) + tuple(output_size))
+    return (values, index) if batched else (values[0], index[0])
+
+
+def fractional_max_pool_backward(nd, grad, x, kernel_size, output_size, indices):
+    return _scatter_planes(grad, indices, x.shape[x.ndim - nd:])
+
+
+for _nd in (2, 3):
+    register(getattr(aten, f"fractional_max_pool{_nd}d").default, functools.partial(fractional_max_pool, _nd))
+    register(getattr(aten, f"fractional_max_pool{_nd}d_backward").default,
+             functools.partial(fractional_max_pool_backward, _nd))
