@@ -634,3 +634,42 @@ def test_inference_fast_path(make, kwargs):
     assert any(op.startswith(fused) for op in launched), launched
     for a, e in zip(torch.utils._pytree.tree_leaves(actual), torch.utils._pytree.tree_leaves(expected)):
         torch.testing.assert_close(a.cpu(), e, atol=1e-5, rtol=1e-5)
+
+
+# ---------------------------------------------------------------- float32 precision policy
+def _bf16(t):
+    return t.bfloat16().float()
+
+
+@pytest.mark.parametrize("transposed", [False, True], ids=["conv", "conv_transpose"])
+def test_convolution_follows_matmul_precision(transposed):
+    """At "medium" a float32 convolution multiplies bfloat16-rounded operands, accumulating in float32 (precision.conv_f32)."""
+    torch.manual_seed(0)
+    conv = F.conv_transpose2d if transposed else F.conv2d
+    x, w = torch.randn(2, 4, 7, 7), torch.randn(4, 3, 3, 3) if transposed else torch.randn(3, 4, 3, 3)
+    g = torch.randn_like(conv(x, w, stride=2))
+    xc, wc = _bf16(x).requires_grad_(), _bf16(w).requires_grad_()
+    expected = conv(xc, wc, stride=2)
+    expected.backward(_bf16(g))  # the backward products round the incoming gradient too
+    xt, wt = x.to("tpu").requires_grad_(), w.to("tpu").requires_grad_()
+    torch.set_float32_matmul_precision("medium")
+    actual = conv(xt, wt, stride=2)
+    actual.backward(g.to("tpu"))
+    torch.set_float32_matmul_precision("highest")
+    torch.testing.assert_close(actual.detach().cpu(), expected.detach(), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(xt.grad.cpu(), xc.grad, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(wt.grad.cpu(), wc.grad, atol=1e-5, rtol=1e-5)
+    highest = conv(x.to("tpu"), w.to("tpu"), stride=2).cpu()
+    assert not torch.equal(highest, actual.detach().cpu()), "the precision is part of the program's cache key"
+
+
+def test_attention_follows_matmul_precision():
+    """At "medium" both SDPA products take bfloat16-rounded operands (scores, then probabilities @ values)."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 5, 8) for _ in range(3))
+    probs = torch.softmax(_bf16(q) @ _bf16(k).transpose(-1, -2) / 8 ** 0.5, -1)
+    expected = _bf16(probs) @ _bf16(v)
+    torch.set_float32_matmul_precision("medium")
+    actual = F.scaled_dot_product_attention(q.to("tpu"), k.to("tpu"), v.to("tpu")).cpu()
+    torch.set_float32_matmul_precision("highest")
+    torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)
