@@ -673,3 +673,28 @@ def test_attention_follows_matmul_precision():
     actual = F.scaled_dot_product_attention(q.to("tpu"), k.to("tpu"), v.to("tpu")).cpu()
     torch.set_float32_matmul_precision("highest")
     torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)
+
+
+# ---------------------------------------------------------------- executor support the nn kernels rely on
+def test_lowering_mutates_adds_written_arguments():
+    """`mutates=` marks arguments a kernel writes although its schema does not say so."""
+    from torch_tpu import ops
+    from torch_tpu.eager.opspec import spec
+    from torch_tpu.ops import registry
+
+    ops.load_all()
+    op = torch.ops.aten.native_batch_norm.default
+    assert spec(op).writes == ()
+    written = spec(op, registry.get(op).mutates).writes
+    assert [spec(op).names[i] for i in written] == ["running_mean", "running_var"]
+    with pytest.raises(ValueError, match="no arguments named"):
+        registry.register(torch.ops.aten.native_batch_norm.out, lambda *a: a, mutates=("nope",))
+    assert registry.get(torch.ops.aten.native_batch_norm.out) is None
+
+
+def test_non_tensor_returns_come_from_the_meta_run():
+    """An op returning SymInts next to tensors (fused attention's max_q/max_k) returns the meta run's values."""
+    q, k, v = (torch.randn(1, 2, 3, 4, device="tpu") for _ in range(3))
+    result = torch.ops.aten._scaled_dot_product_fused_attention_overrideable(q, k, v)
+    assert result[4] == 3 and result[5] == 3
+    torch.testing.assert_close(result[0].cpu(), F.scaled_dot_product_attention(q.cpu(), k.cpu(), v.cpu()))
