@@ -698,3 +698,40 @@ def test_non_tensor_returns_come_from_the_meta_run():
     result = torch.ops.aten._scaled_dot_product_fused_attention_overrideable(q, k, v)
     assert result[4] == 3 and result[5] == 3
     torch.testing.assert_close(result[0].cpu(), F.scaled_dot_product_attention(q.cpu(), k.cpu(), v.cpu()))
+
+
+# ---------------------------------------------------------------- layouts and higher-order gradients
+def test_channels_last_cnn_block():
+    """A conv/batch-norm/pool block on channels_last inputs and weights: values and gradients as on CPU.
+
+    (Output strides follow PyTorch's meta kernels, which give convolution a contiguous output.)
+    """
+    torch.manual_seed(0)
+    cpu = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
+                        nn.Upsample(scale_factor=2, mode="nearest")).to(memory_format=torch.channels_last)
+    tpu = copy.deepcopy(cpu).to("tpu")
+    x = torch.randn(2, 3, 6, 6).to(memory_format=torch.channels_last)
+    expected = _train_step(cpu, x.clone().requires_grad_())
+    actual = _train_step(tpu, x.to("tpu").requires_grad_())
+    for a, e in zip(torch.utils._pytree.tree_leaves(actual), torch.utils._pytree.tree_leaves(expected)):
+        torch.testing.assert_close(a.cpu(), e, atol=1e-4, rtol=1e-4)
+
+
+def test_double_backward_gradient_penalty():
+    """A gradient penalty (create_graph=True) through conv, batch norm, pooling, upsampling and activations."""
+    torch.manual_seed(0)
+    cpu = nn.Sequential(nn.Conv2d(2, 4, 3, padding=1), nn.BatchNorm2d(4), nn.LeakyReLU(0.2), nn.AvgPool2d(2),
+                        nn.Upsample(scale_factor=2, mode="bilinear"), nn.Conv2d(4, 1, 3), nn.Softplus())
+    tpu = copy.deepcopy(cpu).to("tpu")
+
+    def penalty(module, x):
+        (g,) = torch.autograd.grad(module(x).sum(), x, create_graph=True)
+        loss = (g * g).sum()
+        loss.backward()
+        return [loss] + [p.grad for p in module.parameters()]
+
+    x = torch.randn(2, 2, 6, 6)
+    expected = penalty(cpu, x.clone().requires_grad_())
+    actual = penalty(tpu, x.to("tpu").requires_grad_())
+    for a, e in zip(actual, expected):
+        torch.testing.assert_close(a.cpu(), e, atol=1e-4, rtol=1e-4)
