@@ -278,6 +278,29 @@ def test_model_family_matches_cpu(name):
             torch.testing.assert_close(a.detach().cpu(), e.detach(), atol=atol, rtol=rtol, msg=lambda m: f"{part}: {m}")
 
 
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_training_steps_do_not_recompile(name):
+    """Once warm (two steps: SGD's momentum buffer starts on the second), a training step compiles nothing."""
+    make_model, make_batch, make_loss, make_optimizer, _ = FAMILIES[name]
+    torch.manual_seed(0)
+    model = make_model().to("tpu")
+    optimizer = make_optimizer(model.parameters())
+    x, y = (t.to("tpu") for t in make_batch())
+
+    def step():
+        loss = make_loss(model)(model(x), y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        return loss
+
+    step(), step()
+    compiled = metrics.counts.programs_compiled
+    losses = [step().item() for _ in range(2)]
+    assert metrics.counts.programs_compiled == compiled
+    assert all(math.isfinite(v) for v in losses)
+
+
 def test_vit_inference_fast_path_matches_cpu():
     """Eval + no_grad: nn.TransformerEncoder takes PyTorch's fused inference path, natively."""
     torch.manual_seed(0)
