@@ -293,6 +293,21 @@ def test_rrelu_training_uses_the_noise_it_samples():
     torch.testing.assert_close(x.grad.cpu(), slope)
 
 
+@pytest.mark.parametrize("training", [False, True], ids=["eval", "train"])
+def test_rrelu_in_place(training):
+    """F.rrelu(inplace=True) (rrelu_with_noise_) writes its result into the input."""
+    x = torch.linspace(-2, 2, 9)
+    y = x.to("tpu")
+    out = F.rrelu(y, 0.1, 0.3, training=training, inplace=True)
+    assert out is y
+    if training:
+        slope = y.cpu()[x < 0] / x[x < 0]
+        assert bool(((slope >= 0.1) & (slope <= 0.3)).all())
+        torch.testing.assert_close(y.cpu()[x >= 0], x[x >= 0])
+    else:
+        torch.testing.assert_close(y.cpu(), F.rrelu(x.clone(), 0.1, 0.3, inplace=True))
+
+
 # ---------------------------------------------------------------- losses
 def _ctc_inputs(concatenated):
     log_probs = torch.randn(12, 3, 6).log_softmax(2).detach().requires_grad_()

@@ -158,6 +158,12 @@ def rrelu_with_noise(x, noise, lower=1 / 8, upper=1 / 3, training=False, generat
     return x * r, r.astype(noise.dtype)
 
 
+@lowers(aten.rrelu_with_noise_.default, rng=True, static_scalars=True)
+def rrelu_with_noise_(x, noise, lower=1 / 8, upper=1 / 3, training=False, generator=None, *, key):
+    # In place on self and noise: the new values of both (the functionalization convention).
+    return rrelu_with_noise(x, noise, lower, upper, training, key=key)
+
+
 @lowers(aten.rrelu_with_noise_functional.default, rng=True, static_scalars=True)
 def rrelu_with_noise_functional(x, noise, lower=1 / 8, upper=1 / 3, training=False, generator=None, *, key):
     return rrelu_with_noise(x, noise, lower, upper, training, key=key)
