@@ -45,7 +45,8 @@ def _conv_transpose(x, w, stride, padding, dilation, output_padding, groups):
     kernel = w.shape[2:]
     c_in, c_out_g = w.shape[0], w.shape[1]
     # (C_in, O/g, k...) -> (O, C_in/g, k...), flipped in space.
-    w = w.reshape(groups, c_in // groups, c_out_g, *kernel).swapaxes(1, 2).reshape(groups * c_out_g, c_in // groups, *kernel)
+    w = w.reshape(groups, c_in // groups, c_out_g, *kernel).swapaxes(1, 2)
+    w = w.reshape(groups * c_out_g, c_in // groups, *kernel)
     w = jnp.flip(w, axis=tuple(range(2, 2 + nd)))
     pads = [(d * (k - 1) - p, d * (k - 1) - p + op) for k, p, d, op in zip(kernel, padding, dilation, output_padding)]
     return _product(x, w, window_strides=(1,) * nd, padding=pads, lhs_dilation=tuple(stride),

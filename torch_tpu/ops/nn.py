@@ -5,14 +5,10 @@ lowered here too, so `loss.backward()` runs natively.
 """
 from __future__ import annotations
 
-import math
-
 import jax
 import jax.numpy as jnp
-from jax import lax
-from jax.scipy import special as jsp
 
-from torch_tpu.ops.registry import Promote, aten, lowers
+from torch_tpu.ops.registry import aten, lowers
 
 _F32 = jnp.float32
 
@@ -112,8 +108,9 @@ def embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=_SUM,
         masked = jnp.where(valid[:, None], rows, -jnp.inf)
         best = jax.ops.segment_max(masked, bag, n_bags)
         # The first member reaching the maximum, as an embedding row id (0 for empty bags).
-        first = jax.ops.segment_min(jnp.where(valid[:, None] & (masked == best[bag]), jnp.arange(indices.shape[0])[:, None],
-                                              indices.shape[0]), bag, n_bags)
+        is_best = valid[:, None] & (masked == best[bag])
+        first = jax.ops.segment_min(jnp.where(is_best, jnp.arange(indices.shape[0])[:, None], indices.shape[0]),
+                                    bag, n_bags)
         max_indices = jnp.where(count[:, None] > 0, indices[jnp.minimum(first, indices.shape[0] - 1)], 0)
         out = jnp.where(count[:, None] > 0, best, 0)
     else:

@@ -66,7 +66,8 @@ def _max_pool(x, kernel, stride, padding, dilation, ceil_mode):
     outs = [_out_size(n, k, s, p, d, ceil_mode) for n, k, s, p, d in zip(sizes, kernel, stride, padding, dilation)]
     highs = [max((o - 1) * s + d * (k - 1) + 1 - n - p, 0)
              for o, s, d, k, n, p in zip(outs, stride, dilation, kernel, sizes, padding)]
-    xp = lax.pad(x, jnp.asarray(_lowest(x.dtype), x.dtype), [(0, 0, 0)] * lead + [(p, h, 0) for p, h in zip(padding, highs)])
+    widths = [(0, 0, 0)] * lead + [(p, h, 0) for p, h in zip(padding, highs)]
+    xp = lax.pad(x, jnp.asarray(_lowest(x.dtype), x.dtype), widths)
     # One strided slice per kernel offset, stacked last: (..., *out, prod(kernel)).
     parts = []
     for offsets in itertools.product(*(range(k) for k in kernel)):
@@ -128,13 +129,16 @@ def avg_pool(nd, x, kernel_size, stride=(), padding=0, ceil_mode=False, count_in
 def avg_pool_backward(nd, grad, x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
     kernel, stride, padding, _ = _params(kernel_size, stride, _ints(padding), (1,), nd)
     acc = jnp.float32 if x.dtype in (jnp.bfloat16, jnp.float16) else x.dtype
-    forward = lambda a: _avg_pool(a, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override)  # noqa: E731
+    forward = functools.partial(_avg_pool, kernel=kernel, stride=stride, padding=padding, ceil_mode=ceil_mode,
+                                count_include_pad=count_include_pad, divisor_override=divisor_override)
     return jax.vjp(forward, jnp.zeros(x.shape, acc))[1](grad.astype(acc))[0]
 
 
 # ---------------------------------------------------------------- adaptive pools
 def _adaptive_bins(n, o):
-    """(o, kmax) input positions of each output bin (clamped) and their validity: bin i is [floor(i*n/o), ceil((i+1)*n/o))."""
+    """(o, kmax) input positions of each output bin (clamped) and their validity.
+
+    Bin i is [floor(i*n/o), ceil((i+1)*n/o)), as in PyTorch."""
     starts = (np.arange(o) * n) // o
     ends = -((-(np.arange(o) + 1) * n) // o)
     kmax = int(np.max(ends - starts)) if o else 1
