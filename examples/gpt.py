@@ -95,9 +95,21 @@ class GPT(nn.Module):
         return logits, loss
 
     @torch.no_grad()
-    def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0) -> torch.Tensor:
+    def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, pad: int = 0) -> torch.Tensor:
+        """Sample tokens after `idx`, always feeding a full `block_size` window.
+
+        A fixed window (left-padded with `pad`) keeps every step the same
+        shape, so XLA compiles the forward pass once instead of once per length.
+        """
+        B, T = idx.shape
+        size = self.config.block_size
+        window = torch.full((B, size), pad, dtype=idx.dtype, device=idx.device)
+        window[:, -min(T, size):] = idx[:, -size:]
+        out = [idx]
         for _ in range(max_new_tokens):
-            logits, _ = self(idx[:, -self.config.block_size:])
+            logits, _ = self(window)
             probs = F.softmax(logits[:, -1, :] / temperature, dim=-1)
-            idx = torch.cat((idx, torch.multinomial(probs, num_samples=1)), dim=1)
-        return idx
+            token = torch.multinomial(probs, num_samples=1)
+            out.append(token)
+            window = torch.cat((window[:, 1:], token), dim=1)
+        return torch.cat(out, dim=1)

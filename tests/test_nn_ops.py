@@ -666,7 +666,7 @@ def _bf16(t):
 
 @pytest.mark.parametrize("transposed", [False, True], ids=["conv", "conv_transpose"])
 def test_convolution_follows_matmul_precision(transposed):
-    """At "medium" a float32 convolution (precision.conv_f32) multiplies bfloat16-rounded operands in float32."""
+    """At "medium" a float32 convolution multiplies bfloat16-rounded operands, accumulating in float32."""
     torch.manual_seed(0)
     conv = F.conv_transpose2d if transposed else F.conv2d
     x, w = torch.randn(2, 4, 7, 7), torch.randn(4, 3, 3, 3) if transposed else torch.randn(3, 4, 3, 3)

@@ -12,8 +12,10 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
 
-def _flag(name: str) -> bool:
+def _flag(name: str, default: bool = False) -> bool:
     value = os.environ.get(name, "").strip().lower()
+    if not value:
+        return default
     if value in _TRUE:
         return True
     if value in _FALSE:
@@ -28,6 +30,11 @@ def _choice(name: str, choices: tuple[str, ...], default: str | None) -> str | N
     if value not in choices:
         raise ValueError(f"{name}={value!r}: expected one of {', '.join(choices)}")
     return value
+
+
+def _path(name: str) -> str | None:
+    value = os.environ.get(name, "").strip()
+    return value or None
 
 
 def _int(name: str) -> int | None:
@@ -53,6 +60,16 @@ class Config:
     launch_blocking: bool = field(default_factory=lambda: _flag("TORCH_TPU_LAUNCH_BLOCKING"))
     # Ops with no lowering and no decomposition: "warn" (run on CPU, warn once per op) or "error".
     fallback: str = field(default_factory=lambda: _choice("TORCH_TPU_FALLBACK", ("warn", "error", "silent"), "warn"))
+    # Compile cache (docs/cache.md): the persistent levels (host-shared directory, remote URL) on or off.
+    cache: bool = field(default_factory=lambda: _flag("TORCH_TPU_CACHE", default=True))
+    # Level 2 directory (None: a private directory on /dev/shm, else under ~/.cache).
+    cache_dir: str | None = field(default_factory=lambda: _path("TORCH_TPU_CACHE_DIR"))
+    # Level 3 URL, any filesystem fsspec knows (file://, s3://, gs://, ...); None: no remote level.
+    cache_url: str | None = field(default_factory=lambda: _path("TORCH_TPU_CACHE_URL"))
+    # Level 2 size limit in MiB (least recently used entries are evicted beyond it).
+    cache_max_mb: int | None = field(default_factory=lambda: _int("TORCH_TPU_CACHE_MAX_MB"))
+    # Seconds a process waits for another one compiling the same program before compiling it itself.
+    cache_lock_timeout: int | None = field(default_factory=lambda: _int("TORCH_TPU_CACHE_LOCK_TIMEOUT"))
 
 
 config = Config()

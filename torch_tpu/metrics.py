@@ -10,10 +10,12 @@ from __future__ import annotations
 import collections
 from typing import Callable
 
+from torch_tpu import _native
+
 
 class _Counters:
     __slots__ = (
-        "ops_executed", "programs_compiled", "compile_seconds", "cache_hits", "cache_misses",
+        "_ops_executed", "programs_compiled", "compile_seconds", "_cache_hits", "cache_misses",
         "h2d_transfers", "h2d_bytes", "d2h_transfers", "d2h_bytes", "d2d_transfers", "d2d_bytes",
         "decompositions", "materializations", "synchronous_waits",
     )
@@ -21,6 +23,28 @@ class _Counters:
     def __init__(self):
         for name in self.__slots__:
             setattr(self, name, 0)
+        _native.reset_fast_op_count()
+
+    # Ops launched by the native cache-hit path are counted natively; both
+    # counters add them (every such op is an executed op and a cache hit).
+    @property
+    def ops_executed(self) -> int:
+        return self._ops_executed + _native.fast_op_count()
+
+    @ops_executed.setter
+    def ops_executed(self, value: int) -> None:
+        self._ops_executed = value - _native.fast_op_count()
+
+    @property
+    def cache_hits(self) -> int:
+        return self._cache_hits + _native.fast_op_count()
+
+    @cache_hits.setter
+    def cache_hits(self, value: int) -> None:
+        self._cache_hits = value - _native.fast_op_count()
+
+    def names(self) -> list[str]:
+        return [name.lstrip("_") for name in self.__slots__]
 
 
 counts = _Counters()
@@ -41,7 +65,7 @@ def add_section(name: str, provider: Callable[[], dict]) -> None:
 
 def counters() -> dict:
     """All counters as a flat dict (fallbacks as 'fallback::<op>')."""
-    out = {name: getattr(counts, name) for name in counts.__slots__}
+    out = {name: getattr(counts, name) for name in counts.names()}
     out.update({f"fallback::{op}": n for op, n in fallbacks.items()})
     out.update({f"decomposed::{op}": n for op, n in decomposed.items()})
     return out

@@ -267,6 +267,7 @@ enum ArgKind { kTensor = 0, kOptTensor, kTensorList, kOptTensorList, kScalar, kO
 struct SignatureBuilder {
   std::vector<uint64_t> addresses;
   std::vector<int64_t> nbytes;
+  py::list* scalars = nullptr;  // runtime scalars, in argument order
   int device = -1;
   bool ok = true;
 
@@ -287,28 +288,42 @@ struct SignatureBuilder {
       nbytes.push_back(static_cast<int64_t>(s.nbytes()));
     }
     py::object dtype = py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(torch::getTHPDtype(t.scalar_type())));
-    return py::make_tuple("T", dtype, int_tuple(t.sizes()), int_tuple(t.strides()), t.storage_offset(), slot);
+    // A nonzero storage offset is a runtime scalar (-1 marks it): x[i] for every i shares one program.
+    int64_t offset = t.storage_offset();
+    if (offset != 0) scalars->append(py::int_(offset));
+    return py::make_tuple("T", dtype, int_tuple(t.sizes()), int_tuple(t.strides()), offset == 0 ? 0 : -1, slot);
   }
 };
 
 bool is_number(PyObject* v) { return PyFloat_CheckExact(v) || PyLong_CheckExact(v) || PyBool_Check(v); }
 
-py::object fast_signature(py::handle op, py::tuple kinds, py::list full, py::dict buffers, bool static_scalars) {
-  {  // drop the buffers of storages PyTorch freed since the last op
-    std::vector<uint64_t> freed;
-    {
-      std::lock_guard<std::mutex> lock(g_freed_mutex);
-      freed.swap(g_freed);
-    }
-    for (uint64_t address : freed) {
-      py::int_ key(address);
-      if (PyDict_DelItem(buffers.ptr(), key.ptr()) != 0) PyErr_Clear();
-    }
+void drain_into(py::dict& buffers) {
+  // Drop the buffers of storages PyTorch freed since the last op.
+  std::vector<uint64_t> freed;
+  {
+    std::lock_guard<std::mutex> lock(g_freed_mutex);
+    freed.swap(g_freed);
   }
+  for (uint64_t address : freed) {
+    py::int_ key(address);
+    if (PyDict_DelItem(buffers.ptr(), key.ptr()) != 0) PyErr_Clear();
+  }
+}
+
+// A signature: the key (see eager/program.py) plus what launching needs.
+struct Signature {
+  py::tuple key;
+  py::list addresses, entries, scalars;
+  py::object generator = py::none();
+  int device = -1;
+};
+
+// Fills `sig`; false when the call needs the Python slow path.
+bool build_signature(py::handle op, py::tuple kinds, py::list full, py::dict& buffers, bool static_scalars,
+                     Signature& sig) {
   size_t n = kinds.size();
   SignatureBuilder b;
-  py::list scalars;
-  py::object generator = py::none();
+  b.scalars = &sig.scalars;
   py::tuple key(n + 3);
   key[0] = op;
   for (size_t i = 0; i < n; ++i) {
@@ -322,12 +337,12 @@ py::object fast_signature(py::handle op, py::tuple kinds, py::list full, py::dic
         entry = b.tensor_entry(v);
       } else if (is_number(v)) {
         entry = py::make_tuple("S", py::handle(reinterpret_cast<PyObject*>(Py_TYPE(v))));
-        scalars.append(v);
+        sig.scalars.append(v);
       } else {
-        return py::none();
+        return false;
       }
     } else if (kind == kTensorList || kind == kOptTensorList) {
-      if (!PyList_Check(v) && !PyTuple_Check(v)) return py::none();
+      if (!PyList_Check(v) && !PyTuple_Check(v)) return false;
       py::sequence seq = py::reinterpret_borrow<py::sequence>(v);
       py::tuple items(seq.size());
       for (size_t j = 0; j < seq.size(); ++j) {
@@ -337,73 +352,193 @@ py::object fast_signature(py::handle op, py::tuple kinds, py::list full, py::dic
         } else if (THPVariable_Check(item.ptr())) {
           items[j] = b.tensor_entry(item.ptr());
         } else {
-          return py::none();
+          return false;
         }
       }
       entry = items;
     } else if (kind == kScalar || kind == kOptScalar) {
-      if (!is_number(v)) return py::none();
+      if (!is_number(v)) return false;
       if (static_scalars) {
         entry = py::make_tuple("V", py::handle(v));
       } else {
         entry = py::make_tuple("S", py::handle(reinterpret_cast<PyObject*>(Py_TYPE(v))));
-        scalars.append(v);
+        sig.scalars.append(v);
       }
     } else if (kind == kScalarList) {
-      if (!PyList_Check(v) && !PyTuple_Check(v)) return py::none();
+      if (!PyList_Check(v) && !PyTuple_Check(v)) return false;
       py::sequence seq = py::reinterpret_borrow<py::sequence>(v);
       py::tuple types(seq.size());
       for (size_t j = 0; j < seq.size(); ++j) {
         py::object item = seq[j];
-        if (!is_number(item.ptr())) return py::none();
+        if (!is_number(item.ptr())) return false;
         types[j] = py::handle(reinterpret_cast<PyObject*>(Py_TYPE(item.ptr())));
-        scalars.append(item);
+        sig.scalars.append(item);
       }
       entry = py::make_tuple("L", types);
     } else if (kind == kGenerator) {
-      generator = py::reinterpret_borrow<py::object>(v);
+      sig.generator = py::reinterpret_borrow<py::object>(v);
       entry = py::none();
     } else if (PyList_Check(v)) {
       entry = py::reinterpret_steal<py::object>(PyList_AsTuple(v));
     } else {
       entry = py::reinterpret_borrow<py::object>(v);
     }
-    if (!b.ok) return py::none();
+    if (!b.ok) return false;
     key[i + 2] = entry;
   }
-  if (b.device < 0) return py::none();
+  if (b.device < 0) return false;
   key[1] = py::int_(b.device);
   size_t n_slots = b.addresses.size();
   py::tuple slots(n_slots);
-  py::list addresses(n_slots), entries(n_slots);
   for (size_t j = 0; j < n_slots; ++j) {
     py::int_ address(b.addresses[j]);
     PyObject* found = PyDict_GetItem(buffers.ptr(), address.ptr());  // borrowed
     py::object buffer_entry = found ? py::reinterpret_borrow<py::object>(found) : py::none();
     py::object buffer_dtype = found ? py::reinterpret_borrow<py::object>(PyTuple_GET_ITEM(found, 1)) : py::none();
     slots[j] = py::make_tuple(buffer_dtype, b.nbytes[j]);
-    addresses[j] = address;
-    entries[j] = buffer_entry;
+    sig.addresses.append(address);
+    sig.entries.append(buffer_entry);
   }
   key[n + 2] = slots;
-  return py::make_tuple(key, addresses, entries, scalars, b.device, generator);
+  sig.key = key;
+  sig.device = b.device;
+  return true;
+}
+
+py::object fast_signature(py::handle op, py::tuple kinds, py::list full, py::dict buffers, bool static_scalars) {
+  drain_into(buffers);
+  Signature sig;
+  if (!build_signature(op, kinds, full, buffers, static_scalars, sig)) return py::none();
+  return py::make_tuple(sig.key, sig.addresses, sig.entries, sig.scalars, sig.device, sig.generator);
 }
 
 // Fresh program outputs as tpu tensors: allocate each and record its buffer.
-py::list new_outputs(py::sequence metas, py::sequence arrays, int index, py::dict buffers) {
+// `layouts`: per output (sizes, strides, dtype), or None for an undefined result.
+py::list new_outputs(py::sequence layouts, py::sequence arrays, int index, py::dict buffers);
+
+// ---------------------------------------------------------------- cache-hit fast path
+// Counters the Python metrics add to their own (the fast path never touches Python objects for them).
+std::atomic<int64_t> g_fast_ops{0};
+
+// The whole executor for a call whose program is cached and ready: signature,
+// lookup, device scalars, launch, buffer updates, output tensors, return
+// value. Returns `miss` (untouched state) when the Python path must run.
+// `prog.fast` is (input_slots, updated_slots, slot_dtypes, outputs, returns, executable), see executor.py.
+py::object run_cached(py::handle op, py::tuple kinds, py::list full, py::dict buffers, bool static_scalars,
+                      py::dict programs, py::dict scalar_cache, py::tuple extra, py::handle miss) {
+  drain_into(buffers);
+  Signature sig;
+  if (!build_signature(op, kinds, full, buffers, static_scalars, sig)) return py::reinterpret_borrow<py::object>(miss);
+  py::object key = sig.key;
+  if (extra.size() > 0) key = py::reinterpret_steal<py::object>(PySequence_Concat(sig.key.ptr(), extra.ptr()));
+  PyObject* prog = PyDict_GetItem(programs.ptr(), key.ptr());  // borrowed
+  if (prog == nullptr) return py::reinterpret_borrow<py::object>(miss);
+  py::object fast = py::reinterpret_borrow<py::object>(prog).attr("fast");
+  if (fast.is_none()) return py::reinterpret_borrow<py::object>(miss);
+  py::tuple f = fast.cast<py::tuple>();
+  py::tuple input_slots = f[0], updated_slots = f[1], slot_dtypes = f[2];
+  py::object outputs = f[3];
+  py::tuple returns = f[4];
+  py::object executable = f[5];
+
+  py::list arrays(input_slots.size());
+  for (size_t i = 0; i < input_slots.size(); ++i) {
+    py::object entry = sig.entries[input_slots[i].cast<size_t>()];
+    if (entry.is_none()) return py::reinterpret_borrow<py::object>(miss);
+    arrays[i] = entry.cast<py::tuple>()[0];
+  }
+  py::list scalars(sig.scalars.size());
+  py::int_ device(sig.device);
+  for (size_t i = 0; i < sig.scalars.size(); ++i) {
+    py::object value = sig.scalars[i];
+    py::tuple cache_key = py::make_tuple(py::handle(reinterpret_cast<PyObject*>(Py_TYPE(value.ptr()))), value, device);
+    PyObject* array = PyDict_GetItem(scalar_cache.ptr(), cache_key.ptr());
+    if (array == nullptr) return py::reinterpret_borrow<py::object>(miss);
+    scalars[i] = py::reinterpret_borrow<py::object>(array);
+  }
+  py::tuple result = executable(arrays, scalars).cast<py::tuple>();  // raises on runtime errors
+  py::sequence fresh = result[0], updated = result[1];
+  for (size_t i = 0; i < updated_slots.size(); ++i) {
+    size_t slot = updated_slots[i].cast<size_t>();
+    buffers[sig.addresses[slot]] = py::make_tuple(updated[i], slot_dtypes[slot]);
+  }
+  py::list outs = new_outputs(outputs, fresh, sig.device, buffers);
+  g_fast_ops += 1;
+  // returns: ((kind, a, b), ...): kind 0 -> argument a; 1 -> output a; 2 -> outputs [a, a + b).
+  size_t n_returns = returns.size();
+  auto one = [&](size_t r) -> py::object {
+    py::tuple item = returns[r];
+    int kind = item[0].cast<int>();
+    size_t a = item[1].cast<size_t>();
+    if (kind == 0) return full[a];
+    if (kind == 1) return outs[a];
+    size_t b = item[2].cast<size_t>();
+    py::list sub(b);
+    for (size_t j = 0; j < b; ++j) sub[j] = outs[a + j];
+    return std::move(sub);
+  };
+  if (n_returns == 0) return py::none();
+  if (n_returns == 1) return one(0);
+  py::tuple out(n_returns);
+  for (size_t r = 0; r < n_returns; ++r) out[r] = one(r);
+  return std::move(out);
+}
+
+// A registered tpu kernel for one lowered op. Cache hits run entirely here
+// (normalize arguments, then run_cached); everything else calls `slow`, the
+// Python executor. Fast paths are globally off in Debug and DeferAndFuse.
+std::atomic<bool> g_fast_enabled{true};
+
+struct OpKernel {
+  py::object op, slow, programs, buffers, scalar_cache, miss, precision_key, translate, runtime_error;
+  py::tuple kinds, names, defaults;
+  py::object required;  // sentinel marking arguments with no default
+  bool static_scalars = false, use_fast = true, precision = false;
+
+  py::object call(py::args args, py::kwargs kwargs) {
+    if (!use_fast || !g_fast_enabled.load(std::memory_order_relaxed)) return slow(*args, **kwargs);
+    size_t n = kinds.size(), given = args.size();
+    if (given > n) return slow(*args, **kwargs);
+    py::list full(n);
+    for (size_t i = 0; i < n; ++i) full[i] = i < given ? args[i] : defaults[i];
+    for (auto item : kwargs) {
+      size_t i = 0;
+      while (i < n && !py::reinterpret_borrow<py::object>(names[i]).equal(item.first)) ++i;
+      if (i == n) return slow(*args, **kwargs);
+      full[i] = item.second;
+    }
+    for (size_t i = 0; i < n; ++i)
+      if (py::object(full[i]).is(required)) return slow(*args, **kwargs);
+    py::tuple extra = precision ? py::make_tuple(precision_key()) : py::tuple();
+    py::object out;
+    try {
+      out = run_cached(op, kinds, full, buffers, static_scalars, programs, scalar_cache, extra, miss);
+    } catch (py::error_already_set& e) {
+      if (!e.matches(runtime_error)) throw;
+      py::object translated = translate(e.value(), py::str(op));
+      PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(translated.ptr())), translated.ptr());
+      throw py::error_already_set();
+    }
+    if (out.is(miss)) return slow(*args, **kwargs);
+    return out;
+  }
+};
+
+py::list new_outputs(py::sequence layouts, py::sequence arrays, int index, py::dict buffers) {
   c10::DeviceGuard guard(Device(kTpu, static_cast<DeviceIndex>(index)));
-  size_t n = metas.size();
+  size_t n = layouts.size();
   py::list out(n);
   size_t next_array = 0;
   for (size_t i = 0; i < n; ++i) {
-    py::object meta = metas[i];
-    if (meta.is_none()) {  // an undefined result: no buffer
+    py::object layout = layouts[i];
+    if (layout.is_none()) {  // an undefined result: no buffer
       out[i] = py::none();
       continue;
     }
-    auto sizes = meta.attr("sizes").cast<std::vector<int64_t>>();
-    auto strides = meta.attr("strides").cast<std::vector<int64_t>>();
-    py::object dtype = meta.attr("dtype");
+    py::tuple l = layout.cast<py::tuple>();
+    auto sizes = l[0].cast<std::vector<int64_t>>();
+    auto strides = l[1].cast<std::vector<int64_t>>();
+    py::object dtype = l[2];
     at::ScalarType scalar_type = reinterpret_cast<THPDtype*>(dtype.ptr())->scalar_type;
     at::Tensor t = at::detail::empty_strided_generic(sizes, strides, &g_allocator,
                                                      c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), scalar_type);
@@ -488,6 +623,30 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("new_tensor", &new_tensor);
   m.def("fast_signature", &fast_signature);
   m.def("new_outputs", &new_outputs);
+  m.def("run_cached", &run_cached);
+  m.def("set_fast_path", [](bool enabled) { g_fast_enabled.store(enabled); });
+  m.def("fast_path_enabled", []() { return g_fast_enabled.load(); });
+  py::class_<OpKernel>(m, "OpKernel")
+      .def(py::init<>())
+      .def_readwrite("op", &OpKernel::op)
+      .def_readwrite("slow", &OpKernel::slow)
+      .def_readwrite("programs", &OpKernel::programs)
+      .def_readwrite("buffers", &OpKernel::buffers)
+      .def_readwrite("scalar_cache", &OpKernel::scalar_cache)
+      .def_readwrite("miss", &OpKernel::miss)
+      .def_readwrite("precision_key", &OpKernel::precision_key)
+      .def_readwrite("translate", &OpKernel::translate)
+      .def_readwrite("runtime_error", &OpKernel::runtime_error)
+      .def_readwrite("kinds", &OpKernel::kinds)
+      .def_readwrite("names", &OpKernel::names)
+      .def_readwrite("defaults", &OpKernel::defaults)
+      .def_readwrite("required", &OpKernel::required)
+      .def_readwrite("static_scalars", &OpKernel::static_scalars)
+      .def_readwrite("use_fast", &OpKernel::use_fast)
+      .def_readwrite("precision", &OpKernel::precision)
+      .def("__call__", &OpKernel::call);
+  m.def("fast_op_count", []() { return g_fast_ops.load(); });
+  m.def("reset_fast_op_count", []() { g_fast_ops.store(0); });
   m.def("memory_stats", &memory_stats);
   m.def("set_memory_limit", [](int index, int64_t limit) { g_memory[index].limit.store(limit); });
   m.def("reset_peak", [](int index) { g_memory[index].peak.store(g_memory[index].allocated.load()); });

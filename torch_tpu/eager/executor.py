@@ -12,12 +12,15 @@ op computes (ops/) or how its program is traced (program.py).
 """
 from __future__ import annotations
 
+import functools
+
 import jax
 import torch
 
 from torch_tpu import _native, metrics, precision
 from torch_tpu.config import config
 from torch_tpu.eager import program as program_mod
+from torch_tpu.eager import opspec
 from torch_tpu.eager.opspec import Arg, OpSpec
 from torch_tpu.ops.registry import Lowering
 from torch_tpu.runtime import platform, storage
@@ -26,7 +29,9 @@ from torch_tpu.runtime.errors import translate_runtime_error
 _signature_of = _native.tensor_signature
 _fast_signature = _native.fast_signature
 _new_outputs = _native.new_outputs
+_run_cached = _native.run_cached
 _counts = metrics.counts
+_native.set_fast_path(not config.launch_blocking)
 _new_tensor = _native.new_tensor
 _buffers = storage.buffers
 _TENSOR, _CPU, _SCALAR, _SCALAR_LIST = program_mod.TENSOR, program_mod.CPU_SCALAR, program_mod.SCALAR, program_mod.SCALAR_LIST
@@ -81,7 +86,10 @@ def signature(spec: OpSpec, lowering: Lowering, full: list):
             slot = slot_of[address] = len(slot_addresses)
             slot_addresses.append(address)
             slot_nbytes.append(nbytes)
-        return (_TENSOR, dtype, sizes, strides, offset, slot)
+        if offset:  # a runtime scalar: one program serves every offset
+            scalars.append(offset)
+            return (_TENSOR, dtype, sizes, strides, program_mod.DYNAMIC, slot)
+        return (_TENSOR, dtype, sizes, strides, 0, slot)
 
     writes = spec.writes
     for i, (kind, value) in enumerate(zip(spec.kinds, full)):
@@ -145,9 +153,43 @@ def _rng_scalars(generator, device: int):
     return (seed & 0xFFFFFFFF, seed >> 32, offset & 0xFFFFFFFF, offset >> 32)
 
 
+_MISS = object()
+
+
+def kernel(spec: OpSpec, lowering: Lowering, via_functional: bool):
+    """The tpu kernel registered for one op: native for cache hits, `execute` otherwise."""
+    k = _native.OpKernel()
+    k.op, k.kinds, k.names, k.defaults, k.required = spec.op, spec.kinds, spec.names, spec.defaults, opspec.REQUIRED
+    k.static_scalars, k.precision, k.use_fast = lowering.static_scalars, lowering.precision, not lowering.rng
+    k.slow = functools.partial(execute, spec, lowering, via_functional)
+    k.programs, k.buffers, k.scalar_cache, k.miss = programs, _buffers, _scalar_cache, _MISS
+    k.precision_key, k.translate, k.runtime_error = precision.matmul_precision, translate_runtime_error, jax.errors.JaxRuntimeError
+    return k
+
+
+def update_fast_path() -> None:
+    """Native cache-hit paths run unless a mode needs every op in Python (Debug)."""
+    _native.set_fast_path(not config.launch_blocking)
+
+
 def execute(spec: OpSpec, lowering: Lowering, via_functional: bool, *args, **kwargs):
     """Run one dispatched op as its cached program; return what the op returns."""
     full = list(args) if not kwargs and len(args) == spec.n_args else spec.normalize(args, kwargs)
+    if not (lowering.rng or config.launch_blocking):
+        # Cache hit: one native call does signature, lookup, launch and outputs.
+        extra = (precision.matmul_precision(),) if lowering.precision else ()
+        try:
+            out = _run_cached(spec.op, spec.kinds, full, _buffers, lowering.static_scalars, programs, _scalar_cache,
+                              extra, _MISS)
+        except jax.errors.JaxRuntimeError as err:
+            raise translate_runtime_error(err, spec.name) from None
+        if out is not _MISS:
+            return out
+    return _execute_slow(spec, lowering, via_functional, full)
+
+
+def _execute_slow(spec: OpSpec, lowering: Lowering, via_functional: bool, full: list):
+    """The Python path: misses, first runs, RNG ops, debug mode, unusual arguments."""
     sig = _fast_signature(spec.op, spec.kinds, full, _buffers, lowering.static_scalars)
     if sig is None:
         sig = signature(spec, lowering, full)
@@ -184,7 +226,7 @@ def execute(spec: OpSpec, lowering: Lowering, via_functional: bool, *args, **kwa
         slot_dtypes = prog.slot_dtypes
         for slot, array in zip(prog.updated_slots, updated):
             _buffers[slot_addresses[slot]] = (array, slot_dtypes[slot])
-    outs = _new_outputs(prog.outputs, fresh, device, _buffers) if fresh else ()
+    outs = _new_outputs(prog.layouts, fresh, device, _buffers)
     return _returns(spec, prog, full, outs)
 
 

@@ -9,7 +9,7 @@ regenerated in the backward from the key the forward returns as its
 philox_seed) and grouped-query attention (fewer key/value heads) included.
 `sdpa_kernel(SDPBackend.MATH)` still selects PyTorch's math decomposition.
 
-Float32 products follow the float32 matmul precision (precision.matmul_f32).
+Products follow the float32 matmul precision (precision.matmul).
 NOTE(torch-vs-xla): a row whose every score is masked gives zeros (like
 PyTorch's math path and its _safe_softmax), not NaN.
 """
@@ -27,10 +27,7 @@ _LOW = (jnp.bfloat16, jnp.float16)
 
 
 def _mm(a, b):
-    if a.dtype == jnp.float32:
-        return precision.matmul_f32(a, b)
-    acc = jnp.float32 if a.dtype in _LOW else a.dtype
-    return jnp.matmul(a, b, precision=lax.Precision.HIGHEST, preferred_element_type=acc)
+    return precision.matmul(a, b, accumulator=True)
 
 
 def _operand(p, like):

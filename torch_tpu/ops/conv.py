@@ -7,12 +7,11 @@ composite kernel would call `convolution_overrideable`. We lower all four, so
 
 The backward is written as convolutions itself (input grad = transposed conv,
 weight grad = a conv that contracts over the batch), so every float32 product
-runs at the float32 matmul precision (precision.conv_f32), as on a TPU.
+runs at the float32 matmul precision (precision.conv_general_dilated), as on a TPU.
 """
 from __future__ import annotations
 
 import jax.numpy as jnp
-from jax import lax
 
 from torch_tpu import precision
 from torch_tpu.ops.registry import aten, lowers
@@ -23,14 +22,8 @@ _WEIGHT_GRAD = {1: ("CNH", "IOH", "CNH"), 2: ("CNHW", "IOHW", "CNHW"), 3: ("CNDH
 
 
 def _product(lhs, rhs, **kwargs):
-    """lax.conv_general_dilated with PyTorch's accumulation and the float32 precision policy."""
-    if lhs.dtype == jnp.float32:
-        return precision.conv_f32(lhs, rhs, **kwargs)
-    if jnp.issubdtype(lhs.dtype, jnp.floating) and jnp.finfo(lhs.dtype).bits < 32:
-        out = lax.conv_general_dilated(lhs, rhs, precision=lax.Precision.HIGHEST,
-                                       preferred_element_type=jnp.float32, **kwargs)
-        return out.astype(lhs.dtype)
-    return lax.conv_general_dilated(lhs, rhs, precision=lax.Precision.HIGHEST, **kwargs)
+    """lax.conv_general_dilated at the precision policy (bfloat16/float16: float32 results, rounded once later)."""
+    return precision.conv_general_dilated(lhs, rhs, accumulator=True, **kwargs)
 
 
 def _conv(x, w, stride, padding, dilation, groups):

@@ -85,7 +85,7 @@ def _register_all():
                 break
 
 
-@lowers(aten._foreach_norm.Scalar)
+@lowers(aten._foreach_norm.Scalar, static_scalars=True)
 def foreach_norm(tensors, ord=2, dtype=None):
     return [reduction.linalg_vector_norm(t, ord, None, False, dtype) for t in tensors]
 

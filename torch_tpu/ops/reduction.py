@@ -186,7 +186,7 @@ def cumprod(x, dim, dtype=None):
     return jnp.cumprod(_acc(x, dtype), axis=dim)
 
 
-@lowers(aten.linalg_vector_norm.default)
+@lowers(aten.linalg_vector_norm.default, static_scalars=True)
 def linalg_vector_norm(x, ord=2, dim=None, keepdim=False, dtype=None):
     a = jnp.abs(_acc(x, dtype))
     axes = _axes(x, dim)

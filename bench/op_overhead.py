@@ -1,0 +1,92 @@
+"""Per-op overhead of Strict eager: a 2,000-op chain on a 256-element tensor.
+
+Runs the same chain (a mix of tensor-tensor, tensor-scalar and unary ops) as
+torch ops on device "tpu" and as individually jitted JAX calls, interleaved
+in the same process, and reports per-op times and their ratio (ours / JAX;
+target <= 2.5). Only ratios measured in one run are meaningful on a shared
+machine; the median of several rounds is reported.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import torch
+
+import torch_tpu
+
+
+def torch_chain(x, y, n):
+    for _ in range(n // 4):
+        x = x * 1.0001
+        x = x + y
+        x = torch.tanh(x)
+        x = x - 0.5
+    return x
+
+
+def jax_chain(fns, x, y, n):
+    mul, add, tanh, sub = fns
+    for _ in range(n // 4):
+        x = mul(x, 1.0001)
+        x = add(x, y)
+        x = tanh(x)
+        x = sub(x, 0.5)
+    return x
+
+
+def main() -> dict:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--ops", type=int, default=2000)
+    parser.add_argument("--size", type=int, default=256)
+    parser.add_argument("--rounds", type=int, default=7)
+    args = parser.parse_args()
+
+    x = torch.randn(args.size).to("tpu")
+    y = torch.randn(args.size).to("tpu")
+    fns = (jax.jit(jnp.multiply), jax.jit(jnp.add), jax.jit(jnp.tanh), jax.jit(jnp.subtract))
+    jx = jnp.asarray(x.cpu().numpy())
+    jy = jnp.asarray(y.cpu().numpy())
+    # Warm up both (compilation is not overhead).
+    torch_chain(x, y, 8).cpu()
+    jax_chain(fns, jx, jy, 8).block_until_ready()
+
+    ours, theirs = [], []
+    for _ in range(args.rounds):
+        start = time.perf_counter()
+        torch_chain(x, y, args.ops).cpu()
+        ours.append((time.perf_counter() - start) / args.ops)
+        start = time.perf_counter()
+        jax_chain(fns, jx, jy, args.ops).block_until_ready()
+        theirs.append((time.perf_counter() - start) / args.ops)
+    ratios = [o / t for o, t in zip(ours, theirs)]
+    result = {
+        "benchmark": "op_overhead",
+        "ops": args.ops,
+        "size": args.size,
+        "strict_us_per_op": statistics.median(ours) * 1e6,
+        "jax_jit_us_per_op": statistics.median(theirs) * 1e6,
+        "ratio_median": statistics.median(ratios),
+        "ratio_min": min(ratios),
+        "ratio_max": max(ratios),
+        "target": 2.5,
+    }
+    print(f"op_overhead: {args.ops}-op chain on {args.size} elements, {args.rounds} interleaved rounds")
+    print(f"  strict eager (torch on 'tpu'): {result['strict_us_per_op']:.1f} us/op (median)")
+    print(f"  individually jitted JAX calls: {result['jax_jit_us_per_op']:.1f} us/op (median)")
+    print(f"  ratio ours/JAX: median {result['ratio_median']:.2f} (min {result['ratio_min']:.2f}, "
+          f"max {result['ratio_max']:.2f}); target <= 2.5")
+    print(f"  programs compiled: {torch_tpu.metrics.counts.programs_compiled}")
+    os.makedirs(os.path.join(os.path.dirname(__file__), "results"), exist_ok=True)
+    with open(os.path.join(os.path.dirname(__file__), "results", "op_overhead.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    return result
+
+
+if __name__ == "__main__":
+    main()
