@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import copy
 
-import jax
 import pytest
 import torch
 import torch.nn as nn
@@ -48,11 +47,6 @@ def signs(*shape):
 def case(name, fn, *args, atol=1e-5, rtol=1e-5, grads=True, marks=()):
     return pytest.param(fn, args, atol, rtol, grads, id=name, marks=marks)
 
-
-# linalg_vector_norm (ops/reduction.py, not an nn op) branches in Python on `ord`, a runtime scalar.
-VECTOR_NORM_ORD = pytest.mark.xfail(
-    raises=jax.errors.TracerBoolConversionError, strict=False,
-    reason="linalg_vector_norm lowering traces `ord` (ops/reduction.py, issue 3 part A)")
 
 
 def run_cases(fn, args, atol, rtol, grads):
@@ -206,7 +200,7 @@ NORM_FUNCTIONS = [
     case("group_norm-functional", lambda x, w, b: F.group_norm(x, 2, w, b), randn(2, 4, 3, 3), randn(4), randn(4)),
     case("layer_norm-no-affine", lambda x: F.layer_norm(x, (5,)), randn(3, 5)),
     case("rms_norm-functional", lambda x, w: F.rms_norm(x, (2, 4), w, eps=1e-3), randn(3, 2, 4), randn(2, 4)),
-    case("normalize", lambda x: F.normalize(x, dim=1), randn(4, 5), marks=VECTOR_NORM_ORD),
+    case("normalize", lambda x: F.normalize(x, dim=1), randn(4, 5)),
 ]
 
 
@@ -354,9 +348,8 @@ LOSSES = [
     case("hinge_embedding", F.hinge_embedding_loss, randn(4, 5), signs(4, 5)),
     case("margin_ranking", lambda a, b, y: F.margin_ranking_loss(a, b, y, margin=0.2), randn(6), randn(6), signs(6)),
     case("cosine_embedding", F.cosine_embedding_loss, randn(4, 5), randn(4, 5), signs(4)),
-    case("triplet_margin", F.triplet_margin_loss, randn(4, 5), randn(4, 5), randn(4, 5), marks=VECTOR_NORM_ORD),
-    case("triplet_margin_with_distance", F.triplet_margin_with_distance_loss, randn(4, 5), randn(4, 5), randn(4, 5),
-         marks=VECTOR_NORM_ORD),
+    case("triplet_margin", F.triplet_margin_loss, randn(4, 5), randn(4, 5), randn(4, 5)),
+    case("triplet_margin_with_distance", F.triplet_margin_with_distance_loss, randn(4, 5), randn(4, 5), randn(4, 5)),
     case("soft_margin", F.soft_margin_loss, randn(4, 5), signs(4, 5)),
     case("multilabel_soft_margin", F.multilabel_soft_margin_loss, randn(4, 5), torch.randint(0, 2, (4, 5)).float()),
     case("multi_margin", F.multi_margin_loss, randn(6, 5), labels(5, 6)),
@@ -391,9 +384,8 @@ MISC = [
     case("channel_shuffle", lambda x: F.channel_shuffle(x, 3), randn(2, 6, 3, 3)),
     case("unfold", lambda x: F.unfold(x, (2, 3), dilation=(1, 2), padding=1, stride=(2, 1)), randn(2, 3, 6, 7)),
     case("fold", lambda x: F.fold(x, (5, 6), (2, 3), padding=(1, 0)), randn(2, 12, 24)),
-    case("cosine_similarity", lambda a, b: F.cosine_similarity(a, b, dim=1), randn(4, 5), randn(4, 5),
-         marks=VECTOR_NORM_ORD),
-    case("pairwise_distance", F.pairwise_distance, randn(4, 5), randn(4, 5), marks=VECTOR_NORM_ORD),
+    case("cosine_similarity", lambda a, b: F.cosine_similarity(a, b, dim=1), randn(4, 5), randn(4, 5)),
+    case("pairwise_distance", F.pairwise_distance, randn(4, 5), randn(4, 5)),
     case("linear", F.linear, randn(4, 5), randn(3, 5), randn(3)),
     case("bilinear", F.bilinear, randn(4, 5), randn(4, 6), randn(3, 5, 6), randn(3)),
     case("dropout-eval", lambda x: F.dropout(x, 0.5, training=False), randn(4, 5)),
