@@ -750,3 +750,21 @@ def test_double_backward_gradient_penalty():
     actual = penalty(tpu, x.to("tpu").requires_grad_())
     for a, e in zip(actual, expected):
         torch.testing.assert_close(a.cpu(), e, atol=1e-4, rtol=1e-4)
+
+
+def test_ops_without_meta_kernels_keep_pytorch_dtypes():
+    """Ops PyTorch gives no (working) meta kernel take their result dtypes from the lowering: bfloat16 stays bfloat16."""
+    torch.manual_seed(0)
+    x, w, b = torch.randn(1, 2, 5, 5), torch.randn(3, 2, 3, 3), torch.randn(3)
+    args = ([1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+    bf = [t.bfloat16().to("tpu") for t in (x, w, b)]
+    out = torch.ops.aten.convolution_overrideable(*bf, *args)
+    expected = torch.ops.aten.convolution(*(t.bfloat16() for t in (x, w, b)), *args)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.cpu(), expected, atol=3e-2, rtol=3e-2)
+    grads = torch.ops.aten.convolution_backward_overrideable(torch.ones_like(out), bf[0], bf[1], *args, [True] * 3)
+    assert [g.dtype for g in grads] == [torch.bfloat16] * 3
+    lstm = nn.LSTM(3, 4, bias=False).to(torch.bfloat16)
+    cpu_out = lstm(torch.randn(5, 2, 3).bfloat16())[0]
+    tpu_out = copy.deepcopy(lstm).to("tpu")(torch.randn(5, 2, 3).bfloat16().to("tpu"))[0]
+    assert tpu_out.dtype == cpu_out.dtype == torch.bfloat16

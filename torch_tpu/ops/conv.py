@@ -67,7 +67,8 @@ def convolution(x, w, bias, stride, padding, dilation, transposed, output_paddin
         out = _conv(x, w, stride, padding, dilation, groups)
     if bias is not None:
         out = out + bias.astype(out.dtype).reshape(_bias_shape(out))
-    return out
+    # Rounded once, to the input's dtype (convolution_overrideable has no meta kernel to say so).
+    return out.astype(x.dtype)
 
 
 @lowers(aten.convolution_backward.default, precision=True)
@@ -92,8 +93,12 @@ def convolution_backward(grad, x, w, bias_sizes, stride, padding, dilation, tran
             grad_weight = _weight_grad(x, grad, kernel, stride, padding, dilation, groups)
     if output_mask[2]:
         acc = jnp.float32 if grad.dtype in (jnp.bfloat16, jnp.float16) else grad.dtype
-        grad_bias = jnp.sum(grad.astype(acc), axis=(0,) + tuple(range(2, grad.ndim)))
-    return grad_input, grad_weight, grad_bias
+        grad_bias = jnp.sum(grad.astype(acc), axis=(0,) + tuple(range(2, grad.ndim))).astype(grad.dtype)
+    return _cast(grad_input, x.dtype), _cast(grad_weight, w.dtype), grad_bias
+
+
+def _cast(value, dtype):
+    return None if value is None else value.astype(dtype)
 
 
 @lowers(aten.convolution_backward_overrideable.default, precision=True)

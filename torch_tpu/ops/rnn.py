@@ -33,7 +33,9 @@ def fused_lstm_cell(input_gates, hidden_gates, cx, input_bias=None, hidden_bias=
     i, f, g, o = jax.nn.sigmoid(i), jax.nn.sigmoid(f), jnp.tanh(g), jax.nn.sigmoid(o)
     cy = f * _opmath(cx) + i * g
     hy = o * jnp.tanh(cy)
-    return hy, cy, jnp.concatenate([i, f, g, o], axis=-1)
+    # Cast back here: with no biases PyTorch's meta kernel fails and the dtypes come from this function.
+    dtype = input_gates.dtype
+    return hy.astype(dtype), cy.astype(dtype), jnp.concatenate([i, f, g, o], axis=-1).astype(dtype)
 
 
 @lowers(aten._thnn_fused_lstm_cell_backward_impl.default)
