@@ -753,7 +753,7 @@ def test_double_backward_gradient_penalty():
 
 
 def test_ops_without_meta_kernels_keep_pytorch_dtypes():
-    """Ops PyTorch gives no (working) meta kernel take their result dtypes from the lowering: bfloat16 stays bfloat16."""
+    """Ops with no (working) meta kernel take their result dtypes from the lowering: bfloat16 stays bfloat16."""
     torch.manual_seed(0)
     x, w, b = torch.randn(1, 2, 5, 5), torch.randn(3, 2, 3, 3), torch.randn(3)
     args = ([1, 1], [1, 1], [1, 1], False, [0, 0], 1)
