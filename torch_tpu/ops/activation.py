@@ -207,14 +207,6 @@ def hardshrink_backward(grad, x, lambd):
     return jnp.where((x >= -lambd) & (x <= lambd), jnp.zeros((), grad.dtype), grad)
 
 
-@lowers(aten.logit_backward.default, promote=Promote.INT_TO_FLOAT, promote_args=_GRAD_SELF)
-def logit_backward(grad, x, eps=None):
-    g = grad / (x * (1 - x))
-    if eps is None:
-        return jnp.where((x < 0) | (x > 1), jnp.nan, g)
-    return jnp.where((x < eps) | (x > 1 - eps), jnp.zeros((), grad.dtype), g)
-
-
 @lowers(aten.glu_backward.default)
 def glu_backward(grad, x, dim):
     return jax.vjp(lambda a: glu(a, dim), x)[1](grad.astype(x.dtype))[0]
