@@ -33,14 +33,9 @@ _LISTS = {  # list name: (module holding the ops or None for Tensor methods, exp
     "methods_expect_builtin_promote": (None, None),
 }
 
-_CONV = "convolution is not lowered on tpu yet (issue 3); autocast casts correctly before it"
 _NORM = "linalg_vector_norm fails on tpu with a runtime `ord` (TracerBoolConversionError; issue 3)"
-_FUSED_RNN = "lstm_cell/gru_cell call _thnn_fused_*_cell off CPU, which has no tpu lowering and no CPU kernel (issue 3)"
 XFAIL = {  # op: reason. The op fails on tpu without autocast too: operator coverage, not autocast.
-    "_convolution": _CONV, "conv1d": _CONV, "conv2d": _CONV, "conv3d": _CONV, "convolution": _CONV,
-    "conv_transpose1d": _CONV, "conv_transpose2d": _CONV, "conv_transpose3d": _CONV,
     "norm": _NORM, "cosine_similarity": _NORM, "dist": _NORM, "renorm": _NORM, "triplet_margin_loss": _NORM,
-    "lstm_cell": _FUSED_RNN, "gru_cell": _FUSED_RNN,
 }
 SKIP = {
     "cudnn_convolution": "cuDNN-only op: no kernel exists for tpu or CPU",

@@ -10,6 +10,8 @@
 #include <torch/extension.h>
 
 #include <ATen/EmptyTensor.h>
+#include <ATen/SDPBackend.h>
+#include <ATen/native/transformers/attention.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/csrc/Generator.h>
@@ -561,6 +563,30 @@ py::dict memory_stats(int index) {
 }
 
 }  // namespace
+
+// ---------------------------------------------------------------- attention
+// F.scaled_dot_product_attention asks a per-device stub which backend to use; with none registered
+// a PrivateUse1 device always gets the unfused math path. Pick the overrideable fused op (lowered
+// in ops/attention.py as one program) for the shapes fused kernels take: 4-d query/key/value with
+// the same batch, key and value alike but for their last dim, equal head counts (or enable_gqa with
+// a whole number of query heads per key head). Anything else (broadcast batches, mismatched heads
+// without enable_gqa, which must raise PyTorch's error) and sdpa_kernel() without OVERRIDEABLE get
+// the math path, whose parts are lowered too.
+namespace at::native {
+namespace {
+int64_t tpu_fused_sdp_choice(const Tensor& query, const Tensor& key, const Tensor& value, const std::optional<Tensor>&,
+                             double, bool, std::optional<double>, bool enable_gqa) {
+  bool fused = at::globalContext().userEnabledOverrideableSDP() && query.dim() == 4 && key.dim() == 4 &&
+               value.dim() == 4 && query.size(0) == key.size(0) && key.size(0) == value.size(0) &&
+               key.size(1) == value.size(1) && key.size(2) == value.size(2) && query.size(3) == key.size(3);
+  if (fused && query.size(1) != key.size(1)) {
+    fused = enable_gqa && key.size(1) > 0 && query.size(1) % key.size(1) == 0;
+  }
+  return static_cast<int64_t>(fused ? at::SDPBackend::overrideable : at::SDPBackend::math);
+}
+}  // namespace
+REGISTER_PRIVATEUSE1_DISPATCH(_fused_sdp_choice_stub, &tpu_fused_sdp_choice)
+}  // namespace at::native
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("empty.memory_format", &empty_memory_format);

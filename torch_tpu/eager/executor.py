@@ -263,13 +263,18 @@ def _returns(spec: OpSpec, prog, full, outs):
         kind, info = returns[0]
         if kind == "arg":
             return full[info]
+        if kind == "value":
+            return prog.values[0]
         return outs if info else outs[0]
     results = []
     position = 0
     counts = iter(prog.return_counts or ())
+    values = iter(prog.values)
     for kind, info in returns:
         if kind == "arg":
             results.append(full[info])
+        elif kind == "value":
+            results.append(next(values))
         elif info:
             n = next(counts)
             results.append(outs[position:position + n])

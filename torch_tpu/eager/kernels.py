@@ -73,7 +73,7 @@ def register_all() -> None:
             if op in _kernels:
                 continue
             add(op, _prepared(op, _lowered_kernel(op, lowering, via_functional=False)))
-            for variant in mutating_variants(op):
+            for variant in (mutating_variants(op) if not lowering.mutates else ()):
                 if variant not in _kernels and registry.get(variant) is None:
                     add(variant, _prepared(variant, _lowered_kernel(variant, lowering, via_functional=True)))
         for op in metadata_ops():
@@ -85,7 +85,7 @@ def register_all() -> None:
 def _lowered_kernel(op, lowering, via_functional: bool):
     from torch_tpu.eager import executor
 
-    return executor.kernel(spec(op), lowering, via_functional)
+    return executor.kernel(spec(op, lowering.mutates), lowering, via_functional)
 
 
 def _prepared(op, kernel):

@@ -43,7 +43,7 @@ class OpSpec:
     __slots__ = ("op", "name", "names", "kinds", "defaults", "index", "writes", "returns", "n_args", "is_view", "is_out",
                  "n_positional")
 
-    def __init__(self, op: torch._ops.OpOverload):
+    def __init__(self, op: torch._ops.OpOverload, mutates: tuple[str, ...] = ()):
         schema = op._schema
         self.op = op
         self.name = str(op)
@@ -54,15 +54,19 @@ class OpSpec:
         self.kinds = tuple(_KINDS.get(str(a.type), Arg.STATIC) for a in args)
         self.defaults = tuple(a.default_value if a.has_default_value() else REQUIRED for a in args)
         self.index = {name: i for i, name in enumerate(self.names)}
-        self.writes = tuple(i for i, a in enumerate(args) if a.alias_info is not None and a.alias_info.is_write)
+        self.writes = tuple(i for i, a in enumerate(args)
+                            if (a.alias_info is not None and a.alias_info.is_write) or a.name in mutates)
         self.is_out = any(args[i].kwarg_only for i in self.writes)
-        # Each return: ("arg", i) when it aliases written argument i, else ("fresh", is_list).
+        # Each return: ("arg", i) when it aliases written argument i, ("value", None) for a non-tensor
+        # (e.g. a SymInt, taken from the meta run), else ("fresh", is_list).
         returns = []
         for r in schema.returns:
             alias = r.alias_info
             if alias is not None and alias.is_write:
                 target = next(i for i in self.writes if args[i].alias_info.before_set == alias.before_set)
                 returns.append(("arg", target))
+            elif "Tensor" not in str(r.type):
+                returns.append(("value", None))
             else:
                 returns.append(("fresh", str(r.type).startswith("List")))
         self.returns = tuple(returns)
@@ -88,8 +92,9 @@ class OpSpec:
 
 
 @functools.cache
-def spec(op: torch._ops.OpOverload) -> OpSpec:
-    return OpSpec(op)
+def spec(op: torch._ops.OpOverload, mutates: tuple[str, ...] = ()) -> OpSpec:
+    """The op's spec; `mutates` adds arguments its kernels write that the schema does not mark."""
+    return OpSpec(op, mutates)
 
 
 def functional_counterpart(op: torch._ops.OpOverload) -> torch._ops.OpOverload | None:

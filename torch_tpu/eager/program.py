@@ -73,10 +73,10 @@ class OpProgram:
     """Everything derived from one signature; `executable` is jitted on first strict use."""
 
     __slots__ = ("key", "spec", "outputs", "layouts", "return_counts", "input_slots", "updated_slots", "slot_dtypes",
-                 "resize", "trace", "executable", "device", "fast", "lowering")
+                 "resize", "trace", "executable", "device", "fast", "lowering", "values")
 
     def __init__(self, key, spec, outputs, return_counts, input_slots, updated_slots, slot_dtypes, resize, trace,
-                 device):
+                 device, values=()):
         self.key = key
         self.spec = spec
         self.outputs = outputs  # OutputMeta per fresh output (list returns flattened)
@@ -89,12 +89,13 @@ class OpProgram:
         self.trace = trace
         self.executable = None
         self.device = device
+        self.values = values  # the meta run's non-tensor returns (SymInts), in order
         self.fast = None  # what the native cache-hit path needs, once the executable exists
         self.lowering = None  # the Lowering it was built from
 
     def enable_fast_path(self) -> None:
-        """Hand the native cache-hit path everything it needs (not for out= resizes)."""
-        if self.resize or self.executable is None:
+        """Hand the native cache-hit path everything it needs (not for out= resizes or non-tensor returns)."""
+        if self.resize or self.executable is None or self.values:
             return
         plan, position, counts = [], 0, iter(self.return_counts or ())
         for kind, info in self.spec.returns:
@@ -122,7 +123,7 @@ def build(key, spec: OpSpec, lowering: Lowering, scalars: list, via_functional: 
                             lambda v, dtype: torch.empty((), dtype=dtype, device="meta"), lambda vs, ts: list(vs))
     if "device" in spec.index:  # factories: build on meta, not on tpu
         meta_args[spec.index["device"]] = torch.device("meta")
-    outputs, return_counts, resize = _meta_outputs(spec, meta_args, key_args)
+    outputs, return_counts, resize, values = _meta_outputs(spec, meta_args, key_args)
 
     # The arguments the lowering sees: out= arguments are not the functional op's, and a variant may
     # order its arguments differently from its functional op (polygamma_(self, n) vs polygamma(n, self)).
@@ -150,6 +151,8 @@ def build(key, spec: OpSpec, lowering: Lowering, scalars: list, via_functional: 
         for index, (buffer_dtype, _) in enumerate(slots)
     )
     if outputs is None:  # no meta kernel: let JAX tell the shapes (contiguous outputs)
+        if any(kind == "value" for kind, _ in spec.returns):
+            raise NotImplementedError(f"{spec.name} returns non-tensors and has no meta kernel")
         outputs, return_counts, written = _probe_outputs(spec, lowering, key_args, slots, slot_dtypes, passed,
                                                          input_slots, updated_slots, compute_dtype, scalars)
         if spec.is_out:  # out= arguments take the probed shapes (resized like PyTorch's out= ops)
@@ -163,7 +166,7 @@ def build(key, spec: OpSpec, lowering: Lowering, scalars: list, via_functional: 
     if lowering.precision:  # products run at the level in the key, wherever and whenever the trace runs
         trace = precision.bind(trace, key[-1])
     program = OpProgram(key, spec, outputs, return_counts, input_slots, updated_slots, slot_dtypes, resize, trace,
-                        device)
+                        device, tuple(values))
     program.lowering = lowering
     return program
 
@@ -221,20 +224,25 @@ def _rebuild(spec: OpSpec, key_args, scalars, make_tensor, make_scalar, make_cpu
 
 def _is_meta_gap(err: Exception) -> bool:
     text = str(err).lower()
-    return isinstance(err, NotImplementedError) or ("meta" in text and ("not implemented" in text or "fake impl" in text))
+    # An AttributeError is a broken meta kernel, not a user error (e.g. _thnn_fused_lstm_cell's
+    # meta reads .device of its optional biases): probe the shapes with JAX instead.
+    return isinstance(err, (NotImplementedError, AttributeError)) or (
+        "meta" in text and ("not implemented" in text or "fake impl" in text))
 
 
 def _meta_outputs(spec: OpSpec, meta_args, key_args):
-    """(OutputMeta per fresh result or None if meta is unsupported, list-return counts, out= resizes)."""
+    """(OutputMeta per fresh result or None if meta is unsupported, list-return counts, out= resizes, non-tensor returns)."""
     try:
         result = spec.call(meta_args)
     except Exception as err:
         if _is_meta_gap(err):
-            return None, None, {}
+            return None, None, {}, ()
         raise
     results = (result,) if len(spec.returns) == 1 else tuple(result or ())
-    outputs, counts = [], []
+    outputs, counts, values = [], [], []
     for (kind, is_list), r in zip(spec.returns, results):
+        if kind == "value":
+            values.append(r)
         if kind != "fresh":
             continue
         if is_list:
@@ -247,7 +255,7 @@ def _meta_outputs(spec: OpSpec, meta_args, key_args):
         entry = key_args[i]
         if spec.kinds[i] in _TENSOR_KINDS and entry is not None and tuple(meta_args[i].shape) != entry[2]:
             resize[i] = tuple(meta_args[i].shape)
-    return outputs, counts, resize
+    return outputs, counts, resize, values
 
 
 def _probe_outputs(spec, lowering, key_args, slots, slot_dtypes, passed, input_slots, updated_slots, compute_dtype,

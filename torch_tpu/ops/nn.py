@@ -1,119 +1,20 @@
-"""Neural-network ops and their backward kernels: activations, softmax, layer norm, dropout, losses, embedding.
+"""Neural-network ops and their backward kernels: softmax, dropout, embedding (+ bag), pixel shuffle, im2col.
 
 Backward ops that PyTorch implements as backend kernels (`*_backward`) are
 lowered here too, so `loss.backward()` runs natively.
 """
 from __future__ import annotations
 
-import math
-
 import jax
 import jax.numpy as jnp
-from jax import lax
-from jax.scipy import special as jsp
 
-from torch_tpu.ops.registry import Promote, aten, lowers
+from torch_tpu.ops.registry import aten, lowers
 
 _F32 = jnp.float32
 
 
 def _opmath(x):
     return x.astype(_F32) if x.dtype in (jnp.bfloat16, jnp.float16) else x
-
-
-# ---------------------------------------------------------------- activations
-@lowers(aten.relu.default, promote=Promote.DEFAULT)
-def relu(x):
-    return jnp.maximum(x, jnp.zeros((), x.dtype))
-
-
-@lowers(aten.threshold.default)
-def threshold(x, threshold, value):
-    return jnp.where(x <= threshold, jnp.asarray(value).astype(x.dtype), x)
-
-
-@lowers(aten.threshold_backward.default)
-def threshold_backward(grad, x, threshold):
-    return jnp.where(x <= threshold, jnp.zeros((), grad.dtype), grad)
-
-
-@lowers(aten.gelu.default, promote=Promote.INT_TO_FLOAT)
-def gelu(x, approximate="none"):
-    return jax.nn.gelu(x, approximate=approximate == "tanh")
-
-
-@lowers(aten.gelu_backward.default, promote=Promote.INT_TO_FLOAT)
-def gelu_backward(grad, x, approximate="none"):
-    if approximate == "tanh":
-        k = math.sqrt(2 / math.pi)
-        inner = k * (x + 0.044715 * x**3)
-        t = jnp.tanh(inner)
-        d_inner = k * (1 + 3 * 0.044715 * x**2)
-        return grad * (0.5 * (1 + t) + 0.5 * x * (1 - t * t) * d_inner)
-    cdf = 0.5 * (1 + jsp.erf(x / math.sqrt(2)))
-    pdf = jnp.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
-    return grad * (cdf + x * pdf)
-
-
-@lowers(aten.silu.default, promote=Promote.INT_TO_FLOAT)
-def silu(x):
-    return x * jax.nn.sigmoid(x)
-
-
-@lowers(aten.tanh_backward.default, promote=Promote.INT_TO_FLOAT)
-def tanh_backward(grad, y):
-    return grad * (1 - y * y)
-
-
-@lowers(aten.sigmoid_backward.default, promote=Promote.INT_TO_FLOAT)
-def sigmoid_backward(grad, y):
-    return grad * y * (1 - y)
-
-
-@lowers(aten.leaky_relu.default, promote=Promote.DEFAULT)
-def leaky_relu(x, negative_slope=0.01):
-    return jnp.where(x > 0, x, x * negative_slope)
-
-
-@lowers(aten.leaky_relu_backward.default, promote=Promote.DEFAULT, promote_args=("grad_output", "self"))
-def leaky_relu_backward(grad, x, negative_slope, self_is_result):
-    return jnp.where(x > 0, grad, grad * negative_slope)
-
-
-@lowers(aten.hardtanh.default, promote=Promote.DEFAULT)
-def hardtanh(x, min_val=-1, max_val=1):
-    return jnp.clip(x, min_val, max_val)
-
-
-@lowers(aten.hardtanh_backward.default, promote=Promote.DEFAULT, promote_args=("grad_output", "self"))
-def hardtanh_backward(grad, x, min_val, max_val):
-    return jnp.where((x <= min_val) | (x >= max_val), jnp.zeros((), grad.dtype), grad)
-
-
-@lowers(aten.elu.default, promote=Promote.INT_TO_FLOAT)
-def elu(x, alpha=1, scale=1, input_scale=1):
-    return jnp.where(x > 0, x * scale, alpha * scale * jnp.expm1(x * input_scale))
-
-
-@lowers(aten.softplus.default, promote=Promote.INT_TO_FLOAT)
-def softplus(x, beta=1, threshold=20):
-    bx = x * beta
-    return jnp.where(bx > threshold, x, jnp.log1p(jnp.exp(bx)) / beta)
-
-
-@lowers(aten.mish.default, promote=Promote.INT_TO_FLOAT)
-def mish(x):
-    return x * jnp.tanh(jax.nn.softplus(x))
-
-
-@lowers(aten.hardsigmoid.default, promote=Promote.INT_TO_FLOAT)
-def hardsigmoid(x):
-    return jnp.clip(x / 6 + 0.5, 0, 1)
-
-
-@lowers(aten.hardswish.default, promote=Promote.INT_TO_FLOAT)
-def hardswish(x):
-    return x * jnp.clip(x + 3, 0, 6) / 6
 
 
 # ---------------------------------------------------------------- softmax
@@ -139,49 +40,6 @@ def log_softmax_backward(grad, y, dim, input_dtype):
     return g - jnp.exp(y) * jnp.sum(g, axis=dim, keepdims=True)
 
 
-# ---------------------------------------------------------------- layer norm
-@lowers(aten.native_layer_norm.default)
-def native_layer_norm(x, normalized_shape, weight, bias, eps):
-    axes = tuple(range(x.ndim - len(normalized_shape), x.ndim))
-    a = _opmath(x)
-    mean = jnp.mean(a, axis=axes, keepdims=True)
-    var = jnp.mean(jnp.square(a - mean), axis=axes, keepdims=True)
-    rstd = lax.rsqrt(var + eps)
-    out = (a - mean) * rstd
-    if weight is not None:
-        out = out * _opmath(weight)
-    if bias is not None:
-        out = out + _opmath(bias)
-    return out, mean, rstd
-
-
-@lowers(aten.native_layer_norm_backward.default)
-def native_layer_norm_backward(grad, x, normalized_shape, mean, rstd, weight, bias, output_mask):
-    n_norm = len(normalized_shape)
-    axes = tuple(range(x.ndim - n_norm, x.ndim))
-    batch_axes = tuple(range(x.ndim - n_norm))
-    g, a = _opmath(grad), _opmath(x)
-    xhat = (a - mean) * rstd
-    gw = g * _opmath(weight) if weight is not None else g
-    n = math.prod(x.shape[d] for d in axes)
-    grad_input = grad_weight = grad_bias = None
-    if output_mask[0]:
-        grad_input = rstd / n * (n * gw - jnp.sum(gw, axis=axes, keepdims=True)
-                                 - xhat * jnp.sum(gw * xhat, axis=axes, keepdims=True))
-    if output_mask[1] and weight is not None:
-        grad_weight = jnp.sum(g * xhat, axis=batch_axes)
-    if output_mask[2] and bias is not None:
-        grad_bias = jnp.sum(g, axis=batch_axes)
-    return _or_empty(grad_input, x), _or_empty(grad_weight, weight), _or_empty(grad_bias, bias)
-
-
-def _or_empty(value, like):
-    # PyTorch returns undefined tensors for masked-out grads; the executor needs arrays.
-    if value is not None:
-        return value
-    return jnp.zeros((0,), _F32) if like is None else jnp.zeros(like.shape, like.dtype)
-
-
 # ---------------------------------------------------------------- dropout
 @lowers(aten.native_dropout.default, rng=True)
 def native_dropout(x, p, train, *, key):
@@ -196,58 +54,6 @@ def native_dropout(x, p, train, *, key):
 @lowers(aten.native_dropout_backward.default)
 def native_dropout_backward(grad, mask, scale):
     return _opmath(grad) * mask * scale
-
-
-# ---------------------------------------------------------------- losses
-def _reduce(loss, reduction, weight_sum=None):
-    if reduction == 1:  # mean
-        return jnp.sum(loss) / weight_sum if weight_sum is not None else jnp.mean(loss)
-    if reduction == 2:  # sum
-        return jnp.sum(loss)
-    return loss
-
-
-def _nll_weights(x, target, weight, ignore_index, class_dim):
-    n_classes = x.shape[class_dim]
-    safe = jnp.where(target == ignore_index, 0, target)
-    w = jnp.ones((n_classes,), x.dtype) if weight is None else weight.astype(x.dtype)
-    wt = jnp.where(target == ignore_index, jnp.zeros((), x.dtype), w[safe])
-    return safe, wt
-
-
-@lowers(aten.nll_loss_forward.default)
-def nll_loss_forward(x, target, weight, reduction, ignore_index):
-    class_dim = 0 if x.ndim == 1 else 1
-    safe, wt = _nll_weights(x, target, weight, ignore_index, class_dim)
-    picked = jnp.take_along_axis(x, jnp.expand_dims(safe, class_dim), axis=class_dim).squeeze(class_dim)
-    loss = -picked * wt
-    total = jnp.sum(wt)
-    if reduction == 0:
-        return loss, jnp.zeros((), x.dtype)
-    return _reduce(loss, reduction, total), total
-
-
-@lowers(aten.nll_loss_backward.default)
-def nll_loss_backward(grad, x, target, weight, reduction, ignore_index, total_weight):
-    class_dim = 0 if x.ndim == 1 else 1
-    safe, wt = _nll_weights(x, target, weight, ignore_index, class_dim)
-    g = grad
-    if reduction == 1:
-        g = g / total_weight
-    scale = -wt * g
-    one_hot = jax.nn.one_hot(safe, x.shape[class_dim], dtype=x.dtype, axis=class_dim)
-    return one_hot * jnp.expand_dims(scale, class_dim)
-
-
-@lowers(aten.mse_loss.default, promote=Promote.DEFAULT, promote_args=("self", "target"))
-def mse_loss(x, target, reduction=1):
-    return _reduce(jnp.square(x - target), reduction)
-
-
-@lowers(aten.mse_loss_backward.default, promote=Promote.DEFAULT, promote_args=("grad_output", "self", "target"))
-def mse_loss_backward(grad, x, target, reduction):
-    scale = 2.0 / math.prod(x.shape) if reduction == 1 else 2.0
-    return scale * (x - target) * grad
 
 
 # ---------------------------------------------------------------- embedding
@@ -266,3 +72,168 @@ def embedding_dense_backward(grad, indices, num_weights, padding_idx, scale_grad
         counts = jnp.zeros((num_weights,), g.dtype).at[flat].add(1)
         g = g / counts[flat][:, None]
     return jnp.zeros((num_weights, g.shape[1]), g.dtype).at[flat].add(g)
+
+
+@lowers(aten.embedding_renorm.default, static_scalars=True)
+def embedding_renorm(weight, indices, max_norm, norm_type):
+    rows = jnp.zeros((weight.shape[0],), bool).at[indices.reshape(-1)].set(True)
+    a = _opmath(weight)
+    norm = jnp.sum(jnp.abs(a) ** norm_type, axis=1) ** (1.0 / norm_type)
+    scale = jnp.where(rows & (norm > max_norm), max_norm / (norm + 1e-7), 1)
+    return (a * scale[:, None]).astype(weight.dtype)
+
+
+# ---------------------------------------------------------------- embedding bag
+_SUM, _MEAN, _MAX = 0, 1, 2
+
+
+def _bags(indices, offsets, include_last_offset, padding_idx):
+    """(number of bags, bag of each index, whether each index counts)."""
+    n_bags = offsets.shape[0] - (1 if include_last_offset else 0)
+    positions = jnp.arange(indices.shape[0])
+    bag = jnp.searchsorted(offsets[:n_bags], positions, side="right") - 1
+    valid = indices != padding_idx if padding_idx >= 0 else jnp.ones(indices.shape, bool)
+    if include_last_offset:
+        valid = valid & (positions < offsets[n_bags])
+    return n_bags, bag, valid
+
+
+@lowers(aten._embedding_bag.default, aten._embedding_bag_forward_only.default)
+def embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=_SUM, sparse=False,
+                  per_sample_weights=None, include_last_offset=False, padding_idx=-1):
+    n_bags, bag, valid = _bags(indices, offsets, include_last_offset, padding_idx)
+    rows = jnp.take(_opmath(weight), indices, axis=0)
+    count = jax.ops.segment_sum(valid.astype(jnp.int64), bag, n_bags)
+    if mode == _MAX:
+        masked = jnp.where(valid[:, None], rows, -jnp.inf)
+        best = jax.ops.segment_max(masked, bag, n_bags)
+        # The first member reaching the maximum, as an embedding row id (0 for empty bags).
+        is_best = valid[:, None] & (masked == best[bag])
+        first = jax.ops.segment_min(jnp.where(is_best, jnp.arange(indices.shape[0])[:, None], indices.shape[0]),
+                                    bag, n_bags)
+        max_indices = jnp.where(count[:, None] > 0, indices[jnp.minimum(first, indices.shape[0] - 1)], 0)
+        out = jnp.where(count[:, None] > 0, best, 0)
+    else:
+        if per_sample_weights is not None:
+            rows = rows * _opmath(per_sample_weights)[:, None]
+        out = jax.ops.segment_sum(jnp.where(valid[:, None], rows, 0), bag, n_bags)
+        if mode == _MEAN:
+            out = out / jnp.maximum(count, 1)[:, None].astype(out.dtype)
+        max_indices = jnp.zeros((0,), jnp.int64)
+    # NOTE(torch-vs-xla): bag_size has one entry per offset (PyTorch's meta shape), also with include_last_offset.
+    bag_size = jnp.pad(count, (0, offsets.shape[0] - n_bags))
+    return out, bag, bag_size, max_indices
+
+
+def _embedding_bag_grad(grad, indices, offset2bag, bag_size, maximum_indices, num_weights, scale_grad_by_freq, mode,
+                        per_sample_weights, padding_idx):
+    g = _opmath(grad)
+    valid = indices != padding_idx if padding_idx >= 0 else jnp.ones(indices.shape, bool)
+    if mode == _MAX:
+        keep = (bag_size > 0)[:, None]
+        columns = jnp.broadcast_to(jnp.arange(g.shape[1])[None, :], g.shape)
+        out = jnp.zeros((num_weights, g.shape[1]), g.dtype).at[maximum_indices, columns].add(jnp.where(keep, g, 0))
+    else:
+        per_index = g[offset2bag]
+        if mode == _MEAN:
+            per_index = per_index / jnp.maximum(bag_size[offset2bag], 1)[:, None].astype(g.dtype)
+        if per_sample_weights is not None:
+            per_index = per_index * _opmath(per_sample_weights)[:, None]
+        out = jnp.zeros((num_weights, g.shape[1]), g.dtype).at[indices].add(jnp.where(valid[:, None], per_index, 0))
+    if scale_grad_by_freq:
+        counts = jnp.zeros((num_weights,), g.dtype).at[indices].add(valid.astype(g.dtype))
+        out = out / jnp.maximum(counts, 1)[:, None]
+    if padding_idx >= 0:
+        out = out.at[padding_idx].set(0)
+    return out
+
+
+@lowers(aten._embedding_bag_dense_backward.default)
+def embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_indices, num_weights,
+                                 scale_grad_by_freq, mode, per_sample_weights, padding_idx=-1):
+    return _embedding_bag_grad(grad, indices, offset2bag, bag_size, maximum_indices, num_weights, scale_grad_by_freq,
+                               mode, per_sample_weights, padding_idx)
+
+
+@lowers(aten._embedding_bag_backward.default)
+def embedding_bag_backward(grad, indices, offsets, offset2bag, bag_size, maximum_indices, num_weights,
+                           scale_grad_by_freq, mode, sparse, per_sample_weights, padding_idx=-1):
+    if sparse:
+        raise NotImplementedError("embedding_bag(sparse=True): sparse gradients are not supported on 'tpu'")
+    return _embedding_bag_grad(grad, indices, offset2bag, bag_size, maximum_indices, num_weights, scale_grad_by_freq,
+                               mode, per_sample_weights, padding_idx)
+
+
+@lowers(aten._embedding_bag_per_sample_weights_backward.default)
+def embedding_bag_per_sample_weights_backward(grad, weight, indices, offsets, offset2bag, mode, padding_idx=-1):
+    rows = jnp.take(_opmath(weight), indices, axis=0)
+    out = jnp.sum(_opmath(grad)[offset2bag] * rows, axis=1)
+    return jnp.where(indices != padding_idx, out, 0) if padding_idx >= 0 else out
+
+
+# ---------------------------------------------------------------- softmax variants
+@lowers(aten._safe_softmax.default)
+def safe_softmax(x, dim, dtype=None):
+    """Softmax whose fully masked (all -inf) rows are 0 instead of NaN (scaled_dot_product_attention's math path)."""
+    a = _opmath(x) if dtype is None else x
+    out = jax.nn.softmax(a, axis=dim)
+    return jnp.where(jnp.all(a == -jnp.inf, axis=dim, keepdims=True), 0, out)
+
+
+# ---------------------------------------------------------------- rearrangements
+@lowers(aten.pixel_shuffle.default)
+def pixel_shuffle(x, upscale_factor):
+    r = upscale_factor
+    *lead, c, h, w = x.shape
+    y = x.reshape(*lead, c // (r * r), r, r, h, w)
+    n = len(lead)
+    y = jnp.transpose(y, tuple(range(n)) + (n, n + 3, n + 1, n + 4, n + 2))
+    return y.reshape(*lead, c // (r * r), h * r, w * r)
+
+
+@lowers(aten.pixel_unshuffle.default)
+def pixel_unshuffle(x, downscale_factor):
+    r = downscale_factor
+    *lead, c, h, w = x.shape
+    n = len(lead)
+    y = x.reshape(*lead, c, h // r, r, w // r, r)
+    y = jnp.transpose(y, tuple(range(n)) + (n, n + 2, n + 4, n + 1, n + 3))
+    return y.reshape(*lead, c * r * r, h // r, w // r)
+
+
+@lowers(aten.channel_shuffle.default)
+def channel_shuffle(x, groups):
+    n, c = x.shape[:2]
+    return x.reshape(n, groups, c // groups, *x.shape[2:]).swapaxes(1, 2).reshape(x.shape)
+
+
+def _im2col(x, kernel_size, dilation, padding, stride):
+    """(N, C, H, W) -> (N, C*kh*kw, L): every kernel-sized patch as a column (F.unfold)."""
+    batched = x.ndim == 4
+    x = x if batched else x[None]
+    n, c, h, w = x.shape
+    (kh, kw), (dh, dw), (ph, pw), (sh, sw) = kernel_size, dilation, padding, stride
+    oh = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+    ow = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    xp = jnp.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
+    parts = [xp[:, :, i * dh:i * dh + (oh - 1) * sh + 1:sh, j * dw:j * dw + (ow - 1) * sw + 1:sw]
+             for i in range(kh) for j in range(kw)]
+    cols = jnp.stack(parts, axis=2).reshape(n, c * kh * kw, oh * ow)
+    return cols if batched else cols[0]
+
+
+@lowers(aten.im2col.default)
+def im2col(x, kernel_size, dilation, padding, stride):
+    return _im2col(x, kernel_size, dilation, padding, stride)
+
+
+@lowers(aten.col2im.default)
+def col2im(cols, output_size, kernel_size, dilation, padding, stride):
+    """F.fold: sum every column back into its patch (the transpose of im2col)."""
+    batched = cols.ndim == 3
+    kh, kw = kernel_size
+    c = cols.shape[-2] // (kh * kw)
+    shape = ((cols.shape[0],) if batched else ()) + (c, *output_size)
+    acc = _opmath(cols)
+    forward = lambda x: _im2col(x, kernel_size, dilation, padding, stride)  # noqa: E731
+    return jax.vjp(forward, jnp.zeros(shape, acc.dtype))[1](acc)[0]

@@ -48,6 +48,10 @@ class Lowering:
     rng: bool = False
     # The program depends on the float32 matmul precision (part of the cache key).
     precision: bool = False
+    # Arguments the op writes although its schema does not say so (legacy kernels, e.g.
+    # native_batch_norm's running stats): the lowering returns their new values after the
+    # op's results, as for a mutating op, and no in-place/out= variants are derived.
+    mutates: tuple[str, ...] = ()
 
 
 _TABLE: dict[torch._ops.OpOverload, Lowering] = {}
@@ -63,6 +67,9 @@ def register(op: torch._ops.OpOverload, fn: Callable, **options) -> Lowering:
     if torch._C._dispatch_has_kernel_for_dispatch_key(overload_name, "CompositeImplicitAutograd"):
         raise RuntimeError(f"{op} is CompositeImplicitAutograd: it decomposes before reaching 'tpu'; lower its parts")
     lowering = Lowering(op, fn, **options)
+    unknown = set(lowering.mutates) - {a.name for a in op._schema.arguments}
+    if unknown:
+        raise ValueError(f"{op} has no arguments named {sorted(unknown)}")
     _TABLE[op] = lowering
     return lowering
 
