@@ -12,8 +12,10 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
 
-def _flag(name: str) -> bool:
+def _flag(name: str, default: bool = False) -> bool:
     value = os.environ.get(name, "").strip().lower()
+    if not value:
+        return default
     if value in _TRUE:
         return True
     if value in _FALSE:
@@ -30,10 +32,10 @@ def _choice(name: str, choices: tuple[str, ...], default: str | None) -> str | N
     return value
 
 
-def _int(name: str) -> int | None:
+def _int(name: str, default: int | None = None) -> int | None:
     value = os.environ.get(name, "").strip()
     if not value:
-        return None
+        return default
     try:
         number = int(value)
     except ValueError:
@@ -53,6 +55,28 @@ class Config:
     launch_blocking: bool = field(default_factory=lambda: _flag("TORCH_TPU_LAUNCH_BLOCKING"))
     # Ops with no lowering and no decomposition: "warn" (run on CPU, warn once per op) or "error".
     fallback: str = field(default_factory=lambda: _choice("TORCH_TPU_FALLBACK", ("warn", "error", "silent"), "warn"))
+    # DeferAndFuse (docs/defer.md): record ops, run them as fused programs at materialization points.
+    # TORCH_TPU_LAUNCH_BLOCKING=1 wins over it (see modes.py); torch_tpu.set_execution_mode overrides both.
+    defer_and_fuse: bool = field(default_factory=lambda: _flag("TORCH_TPU_DEFER_AND_FUSE"))
+    # DeferAndFuse size cap: a recorded graph is flushed when it reaches this many ops.
+    defer_max_ops: int = field(default_factory=lambda: _int("TORCH_TPU_DEFER_MAX_OPS", 10_000))
+    # The repeated-operations heuristic (eager/repeats.py): cut recorded graphs at repeating blocks.
+    defer_repeats: bool = field(default_factory=lambda: _flag("TORCH_TPU_DEFER_REPEATS", default=True))
+    # Shortest unit (in ops) the heuristic cuts out; shorter periods are grouped up to this length.
+    defer_min_period: int = field(default_factory=lambda: _int("TORCH_TPU_DEFER_MIN_PERIOD", 16))
+    # Longest period (in ops) the heuristic looks for.
+    defer_max_period: int = field(default_factory=lambda: _int("TORCH_TPU_DEFER_MAX_PERIOD", 1024))
+
+    def __post_init__(self):
+        if self.launch_blocking and self.defer_and_fuse:
+            import warnings
+
+            warnings.warn(
+                "TORCH_TPU_LAUNCH_BLOCKING=1 and TORCH_TPU_DEFER_AND_FUSE=1 are both set: debug mode wins "
+                "(every op runs alone and waits for its result).",
+                stacklevel=2,
+            )
+            self.defer_and_fuse = False
 
 
 config = Config()

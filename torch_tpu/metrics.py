@@ -18,6 +18,9 @@ class _Counters:
         "_ops_executed", "programs_compiled", "compile_seconds", "_cache_hits", "cache_misses",
         "h2d_transfers", "h2d_bytes", "d2h_transfers", "d2h_bytes", "d2d_transfers", "d2d_bytes",
         "decompositions", "materializations", "synchronous_waits",
+        # DeferAndFuse: ops recorded, graphs run (one per materialization point with pending work),
+        # fused programs run (a graph cut by the repeats heuristic runs several), graph plans reused / new.
+        "ops_deferred", "flushes", "fused_executions", "fused_cache_hits", "fused_cache_misses",
     )
 
     def __init__(self):
@@ -98,6 +101,9 @@ def report() -> str:
         ("device->host transfers", f"{c.d2h_transfers} ({_bytes(c.d2h_bytes)})"),
         ("device->device transfers", f"{c.d2d_transfers} ({_bytes(c.d2d_bytes)})"),
         ("materializations", f"{c.materializations}"),
+        ("deferred ops / flushes", f"{c.ops_deferred} / {c.flushes}"),
+        ("fused programs run", f"{c.fused_executions} (graph plans reused {c.fused_cache_hits}, "
+                               f"new {c.fused_cache_misses})"),
         ("decompositions", f"{c.decompositions}"),
         ("CPU fallbacks", f"{sum(fallbacks.values())}"),
     ]

@@ -6,6 +6,9 @@ returns before the device finishes. Debug (TORCH_TPU_LAUNCH_BLOCKING=1): the
 same, but each op waits for its results, so an error surfaces at the Python
 line of the failing op.
 
+DeferAndFuse (eager/defer.py) shares the signatures, the program cache and
+the runtime scalars; `execute` hands it the call after one flag check.
+
 Owns: signatures (cache keys), the process-local program cache, launching,
 output tensors and storage updates, error translation. Does not own: what an
 op computes (ops/) or how its program is traced (program.py).
@@ -152,6 +155,8 @@ _MISS = object()
 def execute(spec: OpSpec, lowering: Lowering, via_functional: bool, *args, **kwargs):
     """Run one dispatched op as its cached program; return what the op returns."""
     full = list(args) if not kwargs and len(args) == spec.n_args else spec.normalize(args, kwargs)
+    if config.defer_and_fuse:  # DeferAndFuse: record instead of launching (defer.py)
+        return _defer.record(spec, lowering, via_functional, full)
     if not (lowering.rng or config.launch_blocking):
         # Cache hit: one native call does signature, lookup, launch and outputs.
         extra = (precision.matmul_precision(),) if lowering.precision else ()
@@ -270,3 +275,6 @@ def _resize_out(t: torch.Tensor, sizes) -> None:
             stacklevel=4,
         )
     t.resize_(sizes)
+
+
+from torch_tpu.eager import defer as _defer  # noqa: E402  (a cycle: defer uses this module's functions)

@@ -317,11 +317,21 @@ def _rng_key(parts):
     return jax.random.fold_in(jax.random.fold_in(key, offset_lo), offset_hi)
 
 
+def compile_function(fn, sharding, args: tuple, donate_argnums: tuple = ()):
+    """jit any traced function for one device and count the compilation.
+
+    The one compile entry point: op programs (below) and DeferAndFuse's fused
+    graphs (defer.py) both compile here, so a compile cache wraps both.
+    """
+    start = time.perf_counter()
+    compiled = jax.jit(fn, out_shardings=sharding, donate_argnums=donate_argnums).lower(*args).compile()
+    metrics.record_compile(time.perf_counter() - start)
+    return compiled
+
+
 def compile_program(program: OpProgram, sharding, slot_arrays, scalars):
     """jit the program for its device and count the compilation."""
-    start = time.perf_counter()
-    compiled = jax.jit(program.trace, out_shardings=sharding).lower(slot_arrays, scalars).compile()
-    metrics.record_compile(time.perf_counter() - start)
+    compiled = compile_function(program.trace, sharding, (slot_arrays, scalars))
     program.executable = compiled
     program.enable_fast_path()
     return compiled

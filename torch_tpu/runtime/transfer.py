@@ -38,20 +38,27 @@ def upload(src: torch.Tensor, device: int) -> torch.Tensor:
 
 
 def dense_array(t: torch.Tensor):
-    """The value of a tpu tensor as a dense device array of its shape (or None if never written)."""
+    """The value of a tpu tensor as a dense device array of its shape (or None if never written).
+
+    A materialization point: pending (DeferAndFuse) values are computed first.
+    """
     storage.drain()
     address = t.untyped_storage().data_ptr()
     entry = storage.buffers.get(address)
     if entry is None:
         return None
-    array, buffer_dtype = entry
+    buffer_dtype = entry[1]
     whole = (
         buffer_dtype == t.dtype and t.storage_offset() == 0 and t.is_contiguous()
-        and t.numel() == array.shape[0]
+        and t.numel() * t.element_size() == t.untyped_storage().nbytes()
     )
-    if not whole:
+    if not whole:  # recorded with the pending work in DeferAndFuse: one flush runs both
         t = aten.clone.default(t, memory_format=torch.contiguous_format)
-        array = storage.buffers[t.untyped_storage().data_ptr()][0]
+        address = t.untyped_storage().data_ptr()
+    storage.materialize()
+    array = storage.buffers[address][0]
+    if not isinstance(array, jax.Array):  # a value lost to a failed deferred graph
+        raise RuntimeError(str(array))
     return array.reshape(tuple(t.shape))
 
 

@@ -1,0 +1,66 @@
+"""Execution modes: which executor runs the ops dispatched to "tpu".
+
+- "strict" (default): every op is one cached program, launched asynchronously.
+- "debug" (TORCH_TPU_LAUNCH_BLOCKING=1): strict, but every op waits for its
+  result, so an error surfaces at the Python line of the failing op.
+- "defer_and_fuse" (TORCH_TPU_DEFER_AND_FUSE=1): ops are recorded and run as
+  fused programs at materialization points (eager/defer.py, docs/defer.md).
+
+Debug wins over DeferAndFuse when both variables are set: it is the mode for
+finding the op that fails. The mode is process-wide (not per thread): the
+autograd engine runs backward ops on its own threads, and they must record
+into the same graph as the forward. Leaving defer_and_fuse flushes.
+
+Owns: the setter, the getter and the context managers. Does not own: the
+executors (eager/). Importing this module does not start JAX.
+"""
+from __future__ import annotations
+
+import contextlib
+import sys
+
+from torch_tpu.config import config
+
+MODES = ("strict", "debug", "defer_and_fuse")
+
+
+def get_execution_mode() -> str:
+    """The mode ops run in now: "strict", "debug" or "defer_and_fuse"."""
+    if config.launch_blocking:
+        return "debug"
+    return "defer_and_fuse" if config.defer_and_fuse else "strict"
+
+
+def set_execution_mode(mode: str) -> None:
+    """Switch every thread to `mode` ("strict", "debug" or "defer_and_fuse"); leaving defer_and_fuse flushes."""
+    if mode not in MODES:
+        raise ValueError(f"unknown execution mode {mode!r}: expected one of {', '.join(MODES)}")
+    defer = sys.modules.get("torch_tpu.eager.defer")
+    if defer is None:  # nothing can be pending before the recorder was ever imported
+        _set(mode)
+        return
+    with defer.lock:
+        if mode != "defer_and_fuse":
+            defer.flush("mode change")
+        _set(mode)
+
+
+def _set(mode: str) -> None:
+    config.launch_blocking = mode == "debug"
+    config.defer_and_fuse = mode == "defer_and_fuse"
+
+
+@contextlib.contextmanager
+def execution_mode(mode: str):
+    """Run the block in `mode`, then return to the previous mode (flushing if defer_and_fuse ends)."""
+    previous = get_execution_mode()
+    set_execution_mode(mode)
+    try:
+        yield
+    finally:
+        set_execution_mode(previous)
+
+
+def defer_and_fuse():
+    """`with torch_tpu.defer_and_fuse():` records the block's ops and flushes them when it ends."""
+    return execution_mode("defer_and_fuse")
