@@ -36,6 +36,9 @@ if torch._C._get_privateuse1_backend_name() != "tpu":
     _register_backend()
 
 from torch_tpu import metrics  # noqa: E402
+from torch_tpu.modes import (  # noqa: E402
+    defer_and_fuse, execution_mode, get_execution_mode, set_defer_options, set_execution_mode,
+)
 from torch_tpu.runtime.platform import set_num_cpu_devices  # noqa: E402
 
 
@@ -43,4 +46,7 @@ def _autoload() -> None:
     """Entry point of the `torch.backends` group: `import torch` imports us."""
 
 
-__all__ = ["metrics", "set_num_cpu_devices", "__version__"]
+__all__ = [
+    "metrics", "set_num_cpu_devices", "__version__",
+    "set_execution_mode", "get_execution_mode", "execution_mode", "defer_and_fuse", "set_defer_options",
+]

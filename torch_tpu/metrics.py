@@ -21,6 +21,8 @@ class _Counters:
         # DeferAndFuse: ops recorded, graphs run (one per materialization point with pending work),
         # fused programs run (a graph cut by the repeats heuristic runs several), graph plans reused / new.
         "ops_deferred", "flushes", "fused_executions", "fused_cache_hits", "fused_cache_misses",
+        # DeferAndFuse: buffers fused programs returned (live values only), inputs donated to them.
+        "fused_outputs", "fused_donations",
     )
 
     def __init__(self):
@@ -103,7 +105,8 @@ def report() -> str:
         ("materializations", f"{c.materializations}"),
         ("deferred ops / flushes", f"{c.ops_deferred} / {c.flushes}"),
         ("fused programs run", f"{c.fused_executions} (graph plans reused {c.fused_cache_hits}, "
-                               f"new {c.fused_cache_misses})"),
+                               f"new {c.fused_cache_misses}; {c.fused_outputs} outputs, "
+                               f"{c.fused_donations} donated inputs)"),
         ("decompositions", f"{c.decompositions}"),
         ("CPU fallbacks", f"{sum(fallbacks.values())}"),
     ]

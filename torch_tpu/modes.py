@@ -11,8 +11,9 @@ finding the op that fails. The mode is process-wide (not per thread): the
 autograd engine runs backward ops on its own threads, and they must record
 into the same graph as the forward. Leaving defer_and_fuse flushes.
 
-Owns: the setter, the getter and the context managers. Does not own: the
-executors (eager/). Importing this module does not start JAX.
+Owns: the setter, the getter, the context managers and DeferAndFuse's
+options. Does not own: the executors (eager/). Importing this module does
+not start JAX.
 """
 from __future__ import annotations
 
@@ -61,6 +62,41 @@ def execution_mode(mode: str):
         set_execution_mode(previous)
 
 
-def defer_and_fuse():
-    """`with torch_tpu.defer_and_fuse():` records the block's ops and flushes them when it ends."""
-    return execution_mode("defer_and_fuse")
+# DeferAndFuse options: Python name -> config field (environment variable in docs/defer.md).
+_OPTIONS = {
+    "max_ops": "defer_max_ops",  # TORCH_TPU_DEFER_MAX_OPS: size cap of a recorded graph
+    "repeats": "defer_repeats",  # TORCH_TPU_DEFER_REPEATS: the repeated-operations heuristic on/off
+    "min_period": "defer_min_period",  # TORCH_TPU_DEFER_MIN_PERIOD: shortest unit the heuristic cuts out
+    "max_period": "defer_max_period",  # TORCH_TPU_DEFER_MAX_PERIOD: longest period it looks for
+}
+
+
+def set_defer_options(**options) -> dict:
+    """Set DeferAndFuse options (max_ops, repeats, min_period, max_period); return the previous values."""
+    previous = {}
+    for name, value in options.items():
+        if name not in _OPTIONS:
+            raise TypeError(f"unknown DeferAndFuse option {name!r}: expected one of {', '.join(_OPTIONS)}")
+        if name == "repeats":
+            if not isinstance(value, bool):
+                raise TypeError(f"repeats must be a bool, got {value!r}")
+        elif not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    for name, value in options.items():
+        previous[name] = getattr(config, _OPTIONS[name])
+        setattr(config, _OPTIONS[name], value)
+    return previous
+
+
+@contextlib.contextmanager
+def defer_and_fuse(**options):
+    """`with torch_tpu.defer_and_fuse():` records the block's ops and flushes them when it ends.
+
+    Keyword options (max_ops, repeats, min_period, max_period) apply inside the block only.
+    """
+    previous_options = set_defer_options(**options)
+    try:
+        with execution_mode("defer_and_fuse"):
+            yield
+    finally:
+        set_defer_options(**previous_options)

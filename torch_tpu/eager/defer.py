@@ -132,7 +132,7 @@ def record(spec, lowering, via_functional: bool, full: list):
             if not prog.resize:
                 _check(key, prog, scalars)
         else:
-            _counts.cache_hits += 1
+            _counts._cache_hits += 1  # the raw slot: the property adds the native fast path's count
         if prog.resize:
             for index, sizes in prog.resize.items():
                 executor._resize_out(full[index], sizes)
@@ -255,7 +255,8 @@ def flush(reason: str = "materialize") -> None:
         ext = graph.ext
         # Donate inputs nobody else holds: the list and getrefcount's argument are the only references.
         donate = tuple(j for j in range(len(ext)) if sys.getrefcount(ext[j]) <= 2)
-        fingerprint = (tuple(graph.descs), outputs, donate)
+        options = (config.defer_repeats, config.defer_min_period, config.defer_max_period)  # they shape the plan
+        fingerprint = (tuple(graph.descs), outputs, donate, options)
         plan = _plans.get(fingerprint)
         if plan is None:
             _counts.fused_cache_misses += 1
@@ -323,6 +324,8 @@ class Segment:
             _note(error, "the graph's ops were recorded at:\n" + _sites(wheres))
             raise error from None
         _counts.fused_executions += 1
+        _counts.fused_outputs += len(self.outputs)
+        _counts.fused_donations += len(self.donated)
         for ref, array in zip(self.outputs, results):
             values[ref] = array
         for ref in self.drop:
