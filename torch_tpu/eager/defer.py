@@ -450,7 +450,9 @@ def _output_shapes(prog) -> list:
     for m in prog.outputs:
         if m is None:
             continue
-        if strided.is_contiguous(m.sizes, m.strides):
+        if len(m.sizes) < 2:
+            shapes.append((math.prod(m.sizes),))
+        elif strided.is_contiguous(m.sizes, m.strides):
             shapes.append(tuple(m.sizes))
         else:
             shapes.append(tuple(m.sizes[d] for d in strided.dense_permutation(m.sizes, m.strides)))
@@ -464,7 +466,7 @@ def _output_shapes(prog) -> list:
         shape = (length,)
         if len(targets) == 1:
             _, entry_dtype, sizes, strides, offset, _ = targets[0]
-            if (entry_dtype == dtype and offset == 0 and math.prod(sizes) == length
+            if (len(sizes) >= 2 and entry_dtype == dtype and offset == 0 and math.prod(sizes) == length
                     and strided.is_contiguous(sizes, strides)):
                 shape = tuple(sizes)
         shapes.append(shape)
