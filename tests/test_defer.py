@@ -449,3 +449,19 @@ def test_threads_record_into_one_graph_safely():
         for _ in range(50):
             expected = expected * 1.01 + 0.5
         torch.testing.assert_close(results[i], expected)
+
+
+def test_two_devices_in_one_graph():
+    """Ops on tpu:0 and tpu:1 recorded together run as one program per device, with correct values."""
+    a_cpu, b_cpu = torch.randn(16), torch.randn(16)
+    a, b = a_cpu.to("tpu:0"), b_cpu.to("tpu:1")
+    torch.tpu.synchronize()
+    with torch_tpu.defer_and_fuse():
+        x = (a * 2).sin()
+        y = (b + 1).cos()
+        runs = metrics.counts.fused_executions
+        moved = x.to("tpu:1")  # a materialization point: both devices' work runs
+        assert metrics.counts.fused_executions == runs + 2
+        z = moved + y
+    assert z.device == torch.device("tpu:1")
+    torch.testing.assert_close(z.cpu(), (a_cpu * 2).sin() + (b_cpu + 1).cos())
