@@ -1,6 +1,7 @@
 """Strict vs DeferAndFuse: a GPT training step and an MLP training step, speed and peak memory.
 
-Models (AdamW, float32 parameters, the matmul precision printed with every result):
+Models (AdamW, float32 parameters; the float32 matmul precision, the default unless
+--precision says otherwise, is printed with the results):
   gpt  the demo GPT (examples/gpt.py): 4 layers, d_model 256, 4 heads, seq 128, batch 8
   mlp  256 -> 1024 -> 1024 -> 10 with GELU, batch 64
 
@@ -177,11 +178,14 @@ def main() -> dict:
     parser.add_argument("--steps", type=int, default=3, help="steps per timed round")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds per mode")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps per mode (compilation)")
-    parser.add_argument("--precision", default="medium", choices=("highest", "high", "medium"),
-                        help="float32 matmul precision (medium: TPU-style bf16 multiply, f32 accumulate)")
+    parser.add_argument("--precision", default=None, choices=("highest", "high", "medium"),
+                        help="float32 matmul precision (default: the current default; medium: TPU-style bf16 "
+                             "multiply, f32 accumulate)")
     parser.add_argument("--no-memory", action="store_true", help="skip the memory subprocesses")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.precision is None:
+        args.precision = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision(args.precision)
 
     if args.worker:

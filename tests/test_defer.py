@@ -146,6 +146,7 @@ def test_size_cap_flushes():
             x = x + 1
         assert _delta(before)[0] == 2 and defer.pending() == 5
     assert x.tolist() == [25.0] * 8
+    assert metrics.flush_reasons["size cap"] >= 2 and "flushes at size cap" in metrics.report()
 
 
 def test_defer_options_api():

@@ -1,8 +1,9 @@
 """Counters for everything the backend does, and a readable report.
 
 Counters are plain integer attributes (an increment is one attribute store on
-the hot path). `report()` renders them; `counters()` returns a dict; `reset()`
-zeroes them. Other subsystems (compile cache, precision) add report sections
+the hot path), plus per-name counters (CPU fallbacks and decompositions by op,
+DeferAndFuse flushes by reason). `report()` renders them; `counters()` returns
+a dict; `reset()` zeroes them. Other subsystems (compile cache, precision) add report sections
 with `add_section`.
 """
 from __future__ import annotations
@@ -55,6 +56,7 @@ class _Counters:
 counts = _Counters()
 fallbacks: collections.Counter = collections.Counter()  # CPU fallbacks by op name
 decomposed: collections.Counter = collections.Counter()  # decompositions by op name
+flush_reasons: collections.Counter = collections.Counter()  # DeferAndFuse flushes by materialization point
 _sections: dict[str, Callable[[], dict]] = {}
 
 
@@ -73,6 +75,7 @@ def counters() -> dict:
     out = {name: getattr(counts, name) for name in counts.names()}
     out.update({f"fallback::{op}": n for op, n in fallbacks.items()})
     out.update({f"decomposed::{op}": n for op, n in decomposed.items()})
+    out.update({f"flush::{reason}": n for reason, n in flush_reasons.items()})
     return out
 
 
@@ -81,6 +84,7 @@ def reset() -> None:
     counts.__init__()
     fallbacks.clear()
     decomposed.clear()
+    flush_reasons.clear()
 
 
 def _bytes(n: int) -> str:
@@ -117,4 +121,6 @@ def report() -> str:
     lines += [f"{label:<{width}}  {value}" for label, value in rows]
     for op, n in sorted(fallbacks.items(), key=lambda kv: -kv[1]):
         lines.append(f"  fallback {op}: {n}")
+    for reason, n in sorted(flush_reasons.items(), key=lambda kv: -kv[1]):
+        lines.append(f"  flushes at {reason}: {n}")
     return "\n".join(lines)

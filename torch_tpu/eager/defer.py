@@ -278,6 +278,7 @@ def flush(reason: str = "materialize") -> None:
             for address, dtype in targets:
                 _buffers[address] = (array, dtype)
         _counts.flushes += 1
+        metrics.flush_reasons[reason] += 1
         _counts.ops_executed += len(graph.nodes)
 
 
