@@ -478,6 +478,45 @@ def _output_shapes(prog) -> list:
 _shapes: dict = {}
 
 
+def _cheap(prog) -> bool:
+    """A pointwise op with one fresh result and no side effects: cheaper to recompute than to keep."""
+    op = prog.spec.op
+    tags = op.tags
+    return (torch.Tag.pointwise in tags and torch.Tag.nondeterministic_seeded not in tags
+            and not prog.updated_slots and _fresh_count(prog) == 1 and len(prog.outputs) == 1)
+
+
+def _recompute_cheap(nodes, pieces: list, final: set) -> list:
+    """Pieces (device, nodes, recomputed nodes) with cheap values recomputed where they are read.
+
+    A value that only crosses a cut (it is dead at the materialization point,
+    e.g. an activation saved for backward) would be a program output, a device
+    buffer kept from its producer to its last reader. If a pointwise op made
+    it from values the reading piece receives anyway, the reader recomputes it:
+    one buffer less to keep, at the price of one pointwise pass.
+    """
+    made_in = {}
+    for p, (_, indices) in enumerate(pieces):
+        for i in indices:
+            made_in[i] = p
+    reads = []  # per piece: refs read from outside it
+    for p, (_, indices) in enumerate(pieces):
+        outside = set()
+        for i in indices:
+            outside.update(r for r in nodes[i].refs if r < 0 or made_in[r // _OUT] != p)
+        reads.append(outside)
+    extra: dict[int, list[int]] = {}
+    for p, outside in enumerate(reads):
+        for r in sorted(outside):
+            if r < 0 or r in final:
+                continue
+            node = nodes[r // _OUT]
+            if _cheap(node.prog) and all(x < 0 or x in outside for x in node.refs):
+                extra.setdefault(p, []).append(r // _OUT)
+    return [(device, extra.get(p, []) + list(indices), frozenset(extra.get(p, ())))
+            for p, (device, indices) in enumerate(pieces)]
+
+
 def _make_plan(graph, outputs: tuple, donate: frozenset) -> Plan:
     """Cut the graph into segments and wire them: which values cross, which are donated."""
     nodes = graph.nodes
@@ -493,23 +532,22 @@ def _make_plan(graph, outputs: tuple, donate: frozenset) -> Plan:
         else:
             pieces.append((device, indices))
 
-    piece_of = {}
-    for p, (_, indices) in enumerate(pieces):
-        for i in indices:
-            piece_of[i] = p
+    final = set(outputs)
+    pieces = _recompute_cheap(nodes, pieces, final)
     # Last piece reading each ext input and each crossing value; values read by later pieces.
     last_reader: dict[int, int] = {}
     crossing: set[int] = set()
-    for p, (_, indices) in enumerate(pieces):
+    for p, (_, indices, _) in enumerate(pieces):
+        made: set[int] = set()
         for i in indices:
             for r in nodes[i].refs:
                 last_reader[r] = p
-                if r >= 0 and piece_of[r // _OUT] != p:
+                if r >= 0 and r // _OUT not in made:
                     crossing.add(r)
-    final = set(outputs)
+            made.add(i)
     avals = {}
     segments = []
-    for p, (device, indices) in enumerate(pieces):
+    for p, (device, indices, recomputed) in enumerate(pieces):
         sources: list[int] = []  # ext (< 0) or pending refs produced by earlier pieces
         position: dict[int, int] = {}
         local: dict[int, int] = {}  # pending ref -> local value index (computed later)
@@ -539,7 +577,7 @@ def _make_plan(graph, outputs: tuple, donate: frozenset) -> Plan:
             (prog, tuple(k if kind == "i" else n_inputs + k for kind, k in refs), n_scalars)
             for prog, refs, n_scalars in steps
         )
-        out_refs = tuple(r for r in produced if r in final or r in crossing)
+        out_refs = tuple(r for r in produced if (r in final or r in crossing) and r // _OUT not in recomputed)
         local_outputs = tuple(n_inputs + local[r] for r in out_refs)
         out_shapes = tuple(_output_shapes(nodes[r // _OUT].prog)[r % _OUT] for r in out_refs)
 
