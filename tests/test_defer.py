@@ -466,3 +466,27 @@ def test_two_devices_in_one_graph():
         z = moved + y
     assert z.device == torch.device("tpu:1")
     torch.testing.assert_close(z.cpu(), (a_cpu * 2).sin() + (b_cpu + 1).cos())
+
+
+def test_cheap_values_crossing_a_cut_are_recomputed(monkeypatch):
+    """A GELU output saved for backward is recomputed in the backward block, not kept: fewer outputs, same loss."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=40, block_size=16, n_layer=3, n_head=2, n_embd=32)).to("tpu")
+    x, y = torch.randint(0, 40, (2, 16)).to("tpu"), torch.randint(0, 40, (2, 16)).to("tpu")
+    torch.tpu.synchronize()
+
+    def step():
+        loss = model(x, y)[1]
+        loss.backward()
+        outputs = metrics.counts.fused_outputs
+        value = loss.item()
+        model.zero_grad(set_to_none=True)
+        return value, metrics.counts.fused_outputs - outputs
+
+    with torch_tpu.defer_and_fuse():
+        recomputed = step()
+        monkeypatch.setattr(defer, "_cheap", lambda prog: False)
+        monkeypatch.setattr(defer, "_plans", {})  # plan the same graph again, recomputing nothing
+        kept = step()
+    assert recomputed[0] == kept[0]
+    assert recomputed[1] < kept[1]
