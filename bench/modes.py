@@ -15,19 +15,25 @@ oversubscribed machine wall time also depends on how many threads a mode
 keeps runnable (Strict keeps the Python thread dispatching while XLA runs),
 while CPU time measures the work each mode does.
 
-Peak memory: every (model, mode) runs again in a fresh subprocess:
-  storage_peak  torch.tpu.max_memory_allocated() over the measured steps: bytes
-                of live tpu storages. DeferAndFuse counts a storage whose value
-                is pending although it has no device buffer, so this is not
-                where its saving shows.
+Peak memory: every (model, mode) runs again in a fresh subprocess, where every
+compiled program (through program.compile_function, both modes) is wrapped to
+run one at a time, in program order:
+  buffers_temp_peak  the maximum, over program runs, of the bytes of all live
+                device arrays (inputs and outputs of the run included) plus the
+                program's XLA temporary space (memory_analysis()): the device
+                memory curve a synchronous device would see. Deterministic.
   device_peak   XLA's own peak_bytes_in_use (jax.Device.memory_stats()) where
                 the platform reports it (TPU, GPU); None on XLA:CPU.
   rss_peak      on XLA:CPU device buffers live in host memory: the peak resident
                 set size during the measured steps above the resident size before
                 them (VmHWM reset through /proc/self/clear_refs; glibc's mmap
                 threshold fixed at 64 KiB so freed buffers return to the OS).
-                Counts everything the process touches, device buffers and XLA's
-                temporaries included.
+                Counts everything the process touches; on a shared machine it
+                jumps by tens of MiB between identical runs (allocator caching).
+  storage_peak  torch.tpu.max_memory_allocated() over the measured steps: bytes
+                of live tpu storages. DeferAndFuse counts a storage whose value
+                is pending although it has no device buffer, so this is not
+                where its saving shows.
 """
 from __future__ import annotations
 
@@ -150,12 +156,46 @@ def _rss_kib(field: str) -> int:
         return int(re.search(rf"{field}:\s+(\d+)", f.read()).group(1))
 
 
+class _Tracked:
+    """A compiled program that records the device bytes in use when it runs (memory worker only).
+
+    After each run (waited for: programs run one at a time, in program order)
+    the bytes of every live device array, inputs and outputs included, plus
+    the program's XLA temporary space (`memory_analysis()`), is a point of the
+    device memory curve; `peak` is its maximum.
+    """
+
+    peak = 0
+
+    def __init__(self, compiled):
+        self.compiled = compiled
+        analysis = compiled.memory_analysis()
+        self.temp = getattr(analysis, "temp_size_in_bytes", 0) if analysis is not None else 0
+
+    def __call__(self, *args):
+        import jax
+
+        out = self.compiled(*args)
+        jax.block_until_ready(out)
+        live = sum(a.nbytes for a in jax.live_arrays() if not a.is_deleted())
+        _Tracked.peak = max(_Tracked.peak, live + self.temp)
+        return out
+
+    def __getattr__(self, name):
+        return getattr(self.compiled, name)
+
+
 def memory_worker(name: str, mode: str, steps: int, warmup: int) -> dict:
+    from torch_tpu.eager import program
+
+    compile_function = program.compile_function
+    program.compile_function = lambda *a, **k: _Tracked(compile_function(*a, **k))  # every program, both modes
     trainer = Trainer(name)
     _timed(trainer, mode, warmup)
     torch_tpu.set_execution_mode(mode)
     torch.tpu.synchronize()
     torch.tpu.reset_peak_memory_stats()
+    _Tracked.peak = 0
     device = torch.tpu.get_device_properties(0)
     import jax
 
@@ -177,6 +217,7 @@ def memory_worker(name: str, mode: str, steps: int, warmup: int) -> dict:
     return {
         "storage_peak": torch.tpu.max_memory_allocated(),
         "device_peak": stats.get("peak_bytes_in_use"),
+        "buffers_temp_peak": _Tracked.peak,
         "rss_peak": rss_peak,
     }
 
@@ -234,8 +275,9 @@ def main() -> dict:
         for mode in MODES:
             if "memory" in result:
                 m = result["memory"][mode]
-                print(f"    {mode:15s} storage peak {_mib(m['storage_peak'])}, device peak {_mib(m['device_peak'])}, "
-                      f"resident peak {_mib(m['rss_peak'])}")
+                print(f"    {mode:15s} buffers+temp peak {_mib(m['buffers_temp_peak'])}, "
+                      f"XLA device peak {_mib(m['device_peak'])}, resident peak +{_mib(m['rss_peak'])}, "
+                      f"storage peak {_mib(m['storage_peak'])}")
     print(json.dumps(results))
     return results
 
