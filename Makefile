@@ -9,7 +9,7 @@ PYTEST_FLAGS ?=
 
 .PHONY: install demo test test-defer test-heavy test-all bench clean
 
-$(STAMP): pyproject.toml setup.py torch_tpu/csrc/native.cpp
+$(STAMP): pyproject.toml setup.py torch_tpu/csrc/native.cpp torch_tpu/csrc/autocast.cpp
 	test -x $(PYTHON) || $(PY) -m venv $(VENV)
 	$(PYTHON) -m pip install -q $(PINS) numpy setuptools wheel
 	TORCH_DEVICE_BACKEND_AUTOLOAD=0 $(PYTHON) -m pip install -q --no-build-isolation -e '.[test]'
@@ -35,6 +35,7 @@ test-all: test test-defer test-heavy
 bench: install
 	$(PYTHON) bench/op_overhead.py
 	$(PYTHON) bench/modes.py
+	$(PYTHON) bench/cold_warm.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info torch_tpu/*.so

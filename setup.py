@@ -1,4 +1,4 @@
-"""Builds the native shim (device guard, hooks, allocator) against the installed torch."""
+"""Builds the native shim (device guard, hooks, allocator, autocast kernels) against the installed torch."""
 import os
 
 # Building imports torch; torch would autoload the installed (maybe stale) torch_tpu.
@@ -11,7 +11,7 @@ setup(
     ext_modules=[
         CppExtension(
             "torch_tpu._native",
-            ["torch_tpu/csrc/native.cpp"],
+            ["torch_tpu/csrc/native.cpp", "torch_tpu/csrc/autocast.cpp"],
             extra_compile_args=["-O2", "-std=c++17"],
         )
     ],

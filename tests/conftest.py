@@ -5,6 +5,9 @@ import os
 
 # Multi-device tests run on one CPU; must be set before the runtime starts.
 os.environ.setdefault("TORCH_TPU_NUM_CPU_DEVICES", "4")
+# Tests never touch the user's compile cache: its persistent levels are off unless
+# a test turns them on with its own directories (tests/test_cache.py).
+os.environ.setdefault("TORCH_TPU_CACHE", "0")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

@@ -72,6 +72,14 @@ def test_autoload_import_torch_alone():
     assert out.stdout.strip() == "6.0"
 
 
+def test_import_torch_tpu_first():
+    """`import torch_tpu` before `import torch` works (the autoload entry point tolerates it)."""
+    code = "import torch_tpu, torch; print(torch.ones(2, device='tpu').sum().item())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "2.0"
+
+
 def test_import_is_light():
     """Importing torch_tpu does not start JAX (the runtime starts on first use)."""
     code = ("import sys, torch, torch_tpu; assert 'jax' not in sys.modules, 'jax imported'; "

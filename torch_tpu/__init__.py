@@ -18,6 +18,7 @@ __version__ = "0.1.0"
 
 
 def _register_backend() -> None:
+    from torch_tpu import autocast
     from torch_tpu import device as device_module
     from torch_tpu.eager import kernels
     from torch_tpu.runtime import platform
@@ -25,6 +26,7 @@ def _register_backend() -> None:
     torch.utils.rename_privateuse1_backend("tpu")
     torch.utils.generate_methods_for_privateuse1_backend()
     torch._register_device_module("tpu", device_module)
+    autocast.set_default_dtype()
     _native.register_hooks()
     _native.set_init_callback(lambda: len(platform.get().devices))
     kernels.register_fallback()
@@ -35,18 +37,15 @@ def _register_backend() -> None:
 if torch._C._get_privateuse1_backend_name() != "tpu":
     _register_backend()
 
-from torch_tpu import metrics  # noqa: E402
+from torch_tpu import metrics, numerics, precision  # noqa: E402
 from torch_tpu.modes import (  # noqa: E402
     defer_and_fuse, execution_mode, get_execution_mode, set_defer_options, set_execution_mode,
 )
+from torch_tpu.precision import TpuPerformanceWarning  # noqa: E402
 from torch_tpu.runtime.platform import set_num_cpu_devices  # noqa: E402
 
 
-def _autoload() -> None:
-    """Entry point of the `torch.backends` group: `import torch` imports us."""
-
-
 __all__ = [
-    "metrics", "set_num_cpu_devices", "__version__",
+    "metrics", "numerics", "precision", "set_num_cpu_devices", "TpuPerformanceWarning", "__version__",
     "set_execution_mode", "get_execution_mode", "execution_mode", "defer_and_fuse", "set_defer_options",
 ]

@@ -13,6 +13,8 @@ import sys
 # command name -> module implementing it
 COMMANDS = {
     "info": "torch_tpu.cli_info",
+    "numerics": "torch_tpu.cli_numerics",
+    "cache": "torch_tpu.cli_cache",
 }
 
 

@@ -32,6 +32,11 @@ def _choice(name: str, choices: tuple[str, ...], default: str | None) -> str | N
     return value
 
 
+def _path(name: str) -> str | None:
+    value = os.environ.get(name, "").strip()
+    return value or None
+
+
 def _int(name: str, default: int | None = None) -> int | None:
     value = os.environ.get(name, "").strip()
     if not value:
@@ -55,6 +60,16 @@ class Config:
     launch_blocking: bool = field(default_factory=lambda: _flag("TORCH_TPU_LAUNCH_BLOCKING"))
     # Ops with no lowering and no decomposition: "warn" (run on CPU, warn once per op) or "error".
     fallback: str = field(default_factory=lambda: _choice("TORCH_TPU_FALLBACK", ("warn", "error", "silent"), "warn"))
+    # Compile cache (docs/cache.md): the persistent levels (host-shared directory, remote URL) on or off.
+    cache: bool = field(default_factory=lambda: _flag("TORCH_TPU_CACHE", default=True))
+    # Level 2 directory (None: a private directory on /dev/shm, else under ~/.cache).
+    cache_dir: str | None = field(default_factory=lambda: _path("TORCH_TPU_CACHE_DIR"))
+    # Level 3 URL, any filesystem fsspec knows (file://, s3://, gs://, ...); None: no remote level.
+    cache_url: str | None = field(default_factory=lambda: _path("TORCH_TPU_CACHE_URL"))
+    # Level 2 size limit in MiB (least recently used entries are evicted beyond it).
+    cache_max_mb: int | None = field(default_factory=lambda: _int("TORCH_TPU_CACHE_MAX_MB"))
+    # Seconds a process waits for another one compiling the same program before compiling it itself.
+    cache_lock_timeout: int | None = field(default_factory=lambda: _int("TORCH_TPU_CACHE_LOCK_TIMEOUT"))
     # DeferAndFuse (docs/defer.md): record ops, run them as fused programs at materialization points.
     # TORCH_TPU_LAUNCH_BLOCKING=1 wins over it (see modes.py); torch_tpu.set_execution_mode overrides both.
     defer_and_fuse: bool = field(default_factory=lambda: _flag("TORCH_TPU_DEFER_AND_FUSE"))

@@ -20,6 +20,7 @@ __all__ = [
     "memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
     "reset_peak_memory_stats", "memory_stats", "empty_cache", "set_per_process_memory_fraction",
     "is_initialized", "init", "Stream", "Event", "current_stream", "default_stream", "stream",
+    "get_amp_supported_dtype", "is_bf16_supported",
 ]
 
 _in_bad_fork = False
@@ -386,3 +387,13 @@ def default_stream(device=None) -> Stream:
 
 def stream(s: Stream | None):
     return s if s is not None else Stream()
+
+
+def get_amp_supported_dtype() -> list:
+    """The dtypes `torch.autocast("tpu", dtype=...)` accepts (bfloat16 is the default and the MXU's)."""
+    return [torch.bfloat16, torch.float16]
+
+
+def is_bf16_supported(including_emulation: bool = True) -> bool:
+    """bfloat16 is native on every tpu device (like torch.cuda.is_bf16_supported)."""
+    return True

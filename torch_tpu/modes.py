@@ -49,6 +49,9 @@ def set_execution_mode(mode: str) -> None:
 def _set(mode: str) -> None:
     config.launch_blocking = mode == "debug"
     config.defer_and_fuse = mode == "defer_and_fuse"
+    executor = sys.modules.get("torch_tpu.eager.executor")
+    if executor is not None:  # the native cache-hit path runs in Strict only
+        executor.update_fast_path()
 
 
 @contextlib.contextmanager

@@ -265,6 +265,7 @@ enum ArgKind { kTensor = 0, kOptTensor, kTensorList, kOptTensorList, kScalar, kO
 struct SignatureBuilder {
   std::vector<uint64_t> addresses;
   std::vector<int64_t> nbytes;
+  py::list* scalars = nullptr;  // runtime scalars, in argument order
   int device = -1;
   bool ok = true;
 
@@ -285,7 +286,10 @@ struct SignatureBuilder {
       nbytes.push_back(static_cast<int64_t>(s.nbytes()));
     }
     py::object dtype = py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(torch::getTHPDtype(t.scalar_type())));
-    return py::make_tuple("T", dtype, int_tuple(t.sizes()), int_tuple(t.strides()), t.storage_offset(), slot);
+    // A nonzero storage offset is a runtime scalar (-1 marks it): x[i] for every i shares one program.
+    int64_t offset = t.storage_offset();
+    if (offset != 0) scalars->append(py::int_(offset));
+    return py::make_tuple("T", dtype, int_tuple(t.sizes()), int_tuple(t.strides()), offset == 0 ? 0 : -1, slot);
   }
 };
 
@@ -317,6 +321,7 @@ bool build_signature(py::handle op, py::tuple kinds, py::list full, py::dict& bu
                      Signature& sig) {
   size_t n = kinds.size();
   SignatureBuilder b;
+  b.scalars = &sig.scalars;
   py::tuple key(n + 3);
   key[0] = op;
   for (size_t i = 0; i < n; ++i) {
@@ -477,6 +482,46 @@ py::object run_cached(py::handle op, py::tuple kinds, py::list full, py::dict bu
   return std::move(out);
 }
 
+// A registered tpu kernel for one lowered op. Cache hits run entirely here
+// (normalize arguments, then run_cached); everything else calls `slow`, the
+// Python executor. Fast paths are globally off in Debug and DeferAndFuse.
+std::atomic<bool> g_fast_enabled{true};
+
+struct OpKernel {
+  py::object op, slow, programs, buffers, scalar_cache, miss, precision_key, translate, runtime_error;
+  py::tuple kinds, names, defaults;
+  py::object required;  // sentinel marking arguments with no default
+  bool static_scalars = false, use_fast = true, precision = false;
+
+  py::object call(py::args args, py::kwargs kwargs) {
+    if (!use_fast || !g_fast_enabled.load(std::memory_order_relaxed)) return slow(*args, **kwargs);
+    size_t n = kinds.size(), given = args.size();
+    if (given > n) return slow(*args, **kwargs);
+    py::list full(n);
+    for (size_t i = 0; i < n; ++i) full[i] = i < given ? args[i] : defaults[i];
+    for (auto item : kwargs) {
+      size_t i = 0;
+      while (i < n && !py::reinterpret_borrow<py::object>(names[i]).equal(item.first)) ++i;
+      if (i == n) return slow(*args, **kwargs);
+      full[i] = item.second;
+    }
+    for (size_t i = 0; i < n; ++i)
+      if (py::object(full[i]).is(required)) return slow(*args, **kwargs);
+    py::tuple extra = precision ? py::make_tuple(precision_key()) : py::tuple();
+    py::object out;
+    try {
+      out = run_cached(op, kinds, full, buffers, static_scalars, programs, scalar_cache, extra, miss);
+    } catch (py::error_already_set& e) {
+      if (!e.matches(runtime_error)) throw;
+      py::object translated = translate(e.value(), py::str(op));
+      PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(translated.ptr())), translated.ptr());
+      throw py::error_already_set();
+    }
+    if (out.is(miss)) return slow(*args, **kwargs);
+    return out;
+  }
+};
+
 py::list new_outputs(py::sequence layouts, py::sequence arrays, int index, py::dict buffers) {
   c10::DeviceGuard guard(Device(kTpu, static_cast<DeviceIndex>(index)));
   size_t n = layouts.size();
@@ -553,6 +598,27 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("fast_signature", &fast_signature);
   m.def("new_outputs", &new_outputs);
   m.def("run_cached", &run_cached);
+  m.def("set_fast_path", [](bool enabled) { g_fast_enabled.store(enabled); });
+  m.def("fast_path_enabled", []() { return g_fast_enabled.load(); });
+  py::class_<OpKernel>(m, "OpKernel")
+      .def(py::init<>())
+      .def_readwrite("op", &OpKernel::op)
+      .def_readwrite("slow", &OpKernel::slow)
+      .def_readwrite("programs", &OpKernel::programs)
+      .def_readwrite("buffers", &OpKernel::buffers)
+      .def_readwrite("scalar_cache", &OpKernel::scalar_cache)
+      .def_readwrite("miss", &OpKernel::miss)
+      .def_readwrite("precision_key", &OpKernel::precision_key)
+      .def_readwrite("translate", &OpKernel::translate)
+      .def_readwrite("runtime_error", &OpKernel::runtime_error)
+      .def_readwrite("kinds", &OpKernel::kinds)
+      .def_readwrite("names", &OpKernel::names)
+      .def_readwrite("defaults", &OpKernel::defaults)
+      .def_readwrite("required", &OpKernel::required)
+      .def_readwrite("static_scalars", &OpKernel::static_scalars)
+      .def_readwrite("use_fast", &OpKernel::use_fast)
+      .def_readwrite("precision", &OpKernel::precision)
+      .def("__call__", &OpKernel::call);
   m.def("fast_op_count", []() { return g_fast_ops.load(); });
   m.def("reset_fast_op_count", []() { g_fast_ops.store(0); });
   m.def("memory_stats", &memory_stats);

@@ -7,7 +7,8 @@ same, but each op waits for its results, so an error surfaces at the Python
 line of the failing op.
 
 DeferAndFuse (eager/defer.py) shares the signatures, the program cache and
-the runtime scalars; `execute` hands it the call after one flag check.
+the runtime scalars; its mode turns the native cache-hit path off, and
+`execute` hands it every call after one flag check.
 
 Owns: signatures (cache keys), the process-local program cache, launching,
 output tensors and storage updates, error translation. Does not own: what an
@@ -15,12 +16,15 @@ op computes (ops/) or how its program is traced (program.py).
 """
 from __future__ import annotations
 
+import functools
+
 import jax
 import torch
 
 from torch_tpu import _native, metrics, precision
 from torch_tpu.config import config
 from torch_tpu.eager import program as program_mod
+from torch_tpu.eager import opspec
 from torch_tpu.eager.opspec import Arg, OpSpec
 from torch_tpu.ops.registry import Lowering
 from torch_tpu.runtime import platform, storage
@@ -31,6 +35,7 @@ _fast_signature = _native.fast_signature
 _new_outputs = _native.new_outputs
 _run_cached = _native.run_cached
 _counts = metrics.counts
+_native.set_fast_path(not (config.launch_blocking or config.defer_and_fuse))
 _new_tensor = _native.new_tensor
 _buffers = storage.buffers
 _TENSOR, _CPU, _SCALAR, _SCALAR_LIST = program_mod.TENSOR, program_mod.CPU_SCALAR, program_mod.SCALAR, program_mod.SCALAR_LIST
@@ -85,7 +90,10 @@ def signature(spec: OpSpec, lowering: Lowering, full: list):
             slot = slot_of[address] = len(slot_addresses)
             slot_addresses.append(address)
             slot_nbytes.append(nbytes)
-        return (_TENSOR, dtype, sizes, strides, offset, slot)
+        if offset:  # a runtime scalar: one program serves every offset
+            scalars.append(offset)
+            return (_TENSOR, dtype, sizes, strides, program_mod.DYNAMIC, slot)
+        return (_TENSOR, dtype, sizes, strides, 0, slot)
 
     writes = spec.writes
     for i, (kind, value) in enumerate(zip(spec.kinds, full)):
@@ -150,6 +158,22 @@ def _rng_scalars(generator, device: int):
 
 
 _MISS = object()
+
+
+def kernel(spec: OpSpec, lowering: Lowering, via_functional: bool):
+    """The tpu kernel registered for one op: native for cache hits, `execute` otherwise."""
+    k = _native.OpKernel()
+    k.op, k.kinds, k.names, k.defaults, k.required = spec.op, spec.kinds, spec.names, spec.defaults, opspec.REQUIRED
+    k.static_scalars, k.precision, k.use_fast = lowering.static_scalars, lowering.precision, not lowering.rng
+    k.slow = functools.partial(execute, spec, lowering, via_functional)
+    k.programs, k.buffers, k.scalar_cache, k.miss = programs, _buffers, _scalar_cache, _MISS
+    k.precision_key, k.translate, k.runtime_error = precision.matmul_precision, translate_runtime_error, jax.errors.JaxRuntimeError
+    return k
+
+
+def update_fast_path() -> None:
+    """Native cache-hit paths run unless a mode needs every op in Python (Debug, DeferAndFuse)."""
+    _native.set_fast_path(not (config.launch_blocking or config.defer_and_fuse))
 
 
 def execute(spec: OpSpec, lowering: Lowering, via_functional: bool, *args, **kwargs):

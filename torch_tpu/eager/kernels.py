@@ -9,7 +9,6 @@ Ops with no kernel land in the fallback: decomposition, else CPU fallback.
 """
 from __future__ import annotations
 
-import functools
 import threading
 import warnings
 
@@ -74,10 +73,9 @@ def register_all() -> None:
 
 
 def _lowered_kernel(op, lowering, via_functional: bool):
-    from torch_tpu.eager.executor import execute
+    from torch_tpu.eager import executor
 
-    # functools.partial is called from C: one Python frame less per op than a closure.
-    return functools.partial(execute, spec(op), lowering, via_functional)
+    return executor.kernel(spec(op), lowering, via_functional)
 
 
 def mutating_variants(op) -> list:

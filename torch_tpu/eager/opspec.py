@@ -36,7 +36,7 @@ _KINDS = {
     "Generator": Arg.GENERATOR,
 }
 
-_REQUIRED = object()
+REQUIRED = object()  # default of an argument that has none
 
 
 class OpSpec:
@@ -52,7 +52,7 @@ class OpSpec:
         self.n_args = len(args)
         self.n_positional = sum(1 for a in args if not a.kwarg_only)
         self.kinds = tuple(_KINDS.get(str(a.type), Arg.STATIC) for a in args)
-        self.defaults = tuple(a.default_value if a.has_default_value() else _REQUIRED for a in args)
+        self.defaults = tuple(a.default_value if a.has_default_value() else REQUIRED for a in args)
         self.index = {name: i for i, name in enumerate(self.names)}
         self.writes = tuple(i for i, a in enumerate(args) if a.alias_info is not None and a.alias_info.is_write)
         self.is_out = any(args[i].kwarg_only for i in self.writes)

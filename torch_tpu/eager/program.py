@@ -3,13 +3,16 @@
 A signature (the cache key) is a cheap tuple: the op, the device, one entry
 per argument, and one entry per storage slot. Argument entries:
 
-    ("T", dtype, sizes, strides, storage_offset, slot)   a tpu tensor
+    ("T", dtype, sizes, strides, offset, slot)           a tpu tensor; offset is 0, or DYNAMIC when its
+                                                          storage offset is nonzero (then a runtime scalar,
+                                                          so x[i] for every i shares one program)
     ("C", dtype)                                          a 0-dim CPU tensor (runtime scalar)
     ("S", type)                                           a runtime Python scalar
     ("L", (type, ...))                                    a runtime scalar list
     tuple of "T" entries / None                           a tensor list
     any hashable value                                    a static argument
 Slot entries are (buffer dtype or None if never written, storage nbytes).
+Lowerings flagged `precision` end the key with the float32 matmul precision.
 
 Everything an `OpProgram` needs derives from the key, so equal keys give equal
 programs. Its traced function maps (slot buffers, runtime scalars) to (fresh
@@ -19,20 +22,20 @@ defer-and-fuse executor traces many of them into one program.
 from __future__ import annotations
 
 import math
-import time
 
 import jax
 import jax.numpy as jnp
 import torch
 from torch._prims_common import elementwise_dtypes
 
-from torch_tpu import metrics
+from torch_tpu import cache, precision
 from torch_tpu.eager import strided
 from torch_tpu.eager.opspec import Arg, OpSpec
 from torch_tpu.ops.registry import Lowering
 from torch_tpu.runtime import dtypes
 
 TENSOR, CPU_SCALAR, SCALAR, SCALAR_LIST = "T", "C", "S", "L"
+DYNAMIC = -1  # the offset field of a tensor entry whose storage offset is a runtime scalar
 RNG_SCALARS = 4  # seed lo/hi, offset lo/hi appended to the runtime scalars
 
 _TENSOR_KINDS = (Arg.TENSOR, Arg.OPT_TENSOR)
@@ -70,7 +73,7 @@ class OpProgram:
     """Everything derived from one signature; `executable` is jitted on first strict use."""
 
     __slots__ = ("key", "spec", "outputs", "layouts", "return_counts", "input_slots", "updated_slots", "slot_dtypes",
-                 "resize", "trace", "executable", "device", "fast")
+                 "resize", "trace", "executable", "device", "fast", "lowering")
 
     def __init__(self, key, spec, outputs, return_counts, input_slots, updated_slots, slot_dtypes, resize, trace,
                  device):
@@ -87,6 +90,7 @@ class OpProgram:
         self.executable = None
         self.device = device
         self.fast = None  # what the native cache-hit path needs, once the executable exists
+        self.lowering = None  # the Lowering it was built from
 
     def enable_fast_path(self) -> None:
         """Hand the native cache-hit path everything it needs (not for out= resizes)."""
@@ -114,8 +118,8 @@ def build(key, spec: OpSpec, lowering: Lowering, scalars: list, via_functional: 
     slots = key[2 + spec.n_args]
 
     # PyTorch's own output metadata and error messages: run the op on meta tensors.
-    meta_args = _rebuild(spec, key_args, scalars, _meta_tensor, lambda v, t: v,
-                         lambda v, dtype: torch.empty((), dtype=dtype, device="meta"), lambda vs, ts: list(vs))
+    meta_args, _ = _rebuild(spec, key_args, scalars, _meta_tensor, lambda v, t: v,
+                            lambda v, dtype: torch.empty((), dtype=dtype, device="meta"), lambda vs, ts: list(vs))
     if "device" in spec.index:  # factories: build on meta, not on tpu
         meta_args[spec.index["device"]] = torch.device("meta")
     outputs, return_counts, resize = _meta_outputs(spec, meta_args, key_args)
@@ -145,18 +149,38 @@ def build(key, spec: OpSpec, lowering: Lowering, scalars: list, via_functional: 
                                                 updated_slots, compute_dtype, scalars)
     trace = _make_trace(spec, lowering, key_args, slots, slot_dtypes, passed, input_slots, updated_slots, outputs,
                         compute_dtype)
-    return OpProgram(key, spec, outputs, return_counts, input_slots, updated_slots, slot_dtypes, resize, trace, device)
+    if lowering.precision:  # products run at the level in the key, wherever and whenever the trace runs
+        trace = precision.bind(trace, key[-1])
+    program = OpProgram(key, spec, outputs, return_counts, input_slots, updated_slots, slot_dtypes, resize, trace,
+                        device)
+    program.lowering = lowering
+    return program
 
 
-def _meta_tensor(entry):
+def _meta_tensor(entry, offset):
     return torch.empty_strided(entry[2], entry[3], dtype=entry[1], device="meta")
 
 
-def _rebuild(spec: OpSpec, key_args, scalars, make_tensor, make_scalar, make_cpu, make_list) -> list:
-    """Turn key entries back into call arguments with the given constructors."""
+def _rebuild(spec: OpSpec, key_args, scalars, make_tensor, make_scalar, make_cpu, make_list):
+    """Turn key entries back into call arguments with the given constructors.
+
+    Runtime scalars are consumed in argument order, a tensor's dynamic storage
+    offset included. Returns (arguments, {(argument index, list index): offset}).
+    """
     out = []
+    offsets = {}
     position = 0
-    for kind, entry in zip(spec.kinds, key_args):
+
+    def tensor(i, j, entry):
+        nonlocal position
+        offset = 0
+        if entry[4] == DYNAMIC:
+            offset = scalars[position]
+            position += 1
+        offsets[(i, j)] = offset
+        return make_tensor(entry, offset)
+
+    for i, (kind, entry) in enumerate(zip(spec.kinds, key_args)):
         if entry is None or kind == Arg.GENERATOR:
             out.append(None)
         elif kind in _TENSOR_KINDS:
@@ -167,9 +191,9 @@ def _rebuild(spec: OpSpec, key_args, scalars, make_tensor, make_scalar, make_cpu
                 out.append(make_scalar(scalars[position], entry[1]))
                 position += 1
             else:
-                out.append(make_tensor(entry))
+                out.append(tensor(i, 0, entry))
         elif kind in _LIST_KINDS:
-            out.append([None if e is None else make_tensor(e) for e in entry])
+            out.append([None if e is None else tensor(i, j, e) for j, e in enumerate(entry)])
         elif kind in (Arg.SCALAR, Arg.OPT_SCALAR) and type(entry) is tuple and entry[0] == SCALAR:
             out.append(make_scalar(scalars[position], entry[1]))
             position += 1
@@ -181,7 +205,7 @@ def _rebuild(spec: OpSpec, key_args, scalars, make_tensor, make_scalar, make_cpu
             out.append(entry[1])
         else:
             out.append(entry)
-    return out
+    return out, offsets
 
 
 def _is_meta_gap(err: Exception) -> bool:
@@ -261,13 +285,13 @@ def _make_trace(spec, lowering, key_args, slots, slot_dtypes, passed, input_slot
                 if bufs[index] is None:
                     bufs[index] = jnp.zeros((length,), jdtype)
 
-            def read(entry):
-                _, dtype, sizes, strides, offset, slot = entry
+            def read(entry, offset):
+                _, dtype, sizes, strides, _, slot = entry
                 return strided.read(strided.reinterpret(bufs[slot], dtypes.to_jax(dtype)), sizes, strides, offset)
 
             call_scalars = scalars[: len(scalars) - n_rng]
-            args = _rebuild(spec, key_args, call_scalars, read, lambda v, t: v,
-                            lambda v, dtype: jnp.asarray(v, dtypes.to_jax(dtype)), lambda vs, ts: list(vs))
+            args, offsets = _rebuild(spec, key_args, call_scalars, read, lambda v, t: v,
+                                     lambda v, dtype: jnp.asarray(v, dtypes.to_jax(dtype)), lambda vs, ts: list(vs))
             if jax_compute is not None:
                 args = [_cast(a, jax_compute) if i in promoted else a for i, a in enumerate(args)]
             kwargs = {"key": _rng_key(scalars[-RNG_SCALARS:])} if n_rng else {}
@@ -284,11 +308,15 @@ def _make_trace(spec, lowering, key_args, slots, slot_dtypes, passed, input_slot
                 for v, m in zip(fresh, outputs) if m is not None
             ]
             for arg_index, value in zip(writes, results[n_fresh:]):
-                targets = tensor_entries(spec.kinds[arg_index], key_args[arg_index])
+                entry = key_args[arg_index]
+                targets = [(0, entry)] if spec.kinds[arg_index] in _TENSOR_KINDS else list(enumerate(entry))
                 values = value if isinstance(value, (list, tuple)) else [value]
-                for (_, dtype, sizes, strides, offset, slot), v in zip(targets, values):
+                for (j, target), v in zip(targets, values):
+                    if target is None:
+                        continue
+                    _, dtype, sizes, strides, _, slot = target
                     buf = strided.reinterpret(bufs[slot], dtypes.to_jax(dtype))
-                    buf = strided.write(buf, jnp.asarray(v), sizes, strides, offset)
+                    buf = strided.write(buf, jnp.asarray(v), sizes, strides, offsets[(arg_index, j)])
                     bufs[slot] = strided.reinterpret(buf, slot_layout[slot][0])
             return fresh_buffers, [bufs[i] for i in updated_slots]
 
@@ -317,21 +345,38 @@ def _rng_key(parts):
     return jax.random.fold_in(jax.random.fold_in(key, offset_lo), offset_hi)
 
 
-def compile_function(fn, sharding, args: tuple, donate_argnums: tuple = ()):
-    """jit any traced function for one device and count the compilation.
+def compile_function(fn, sharding, args: tuple, donate_argnums: tuple = (), program_key: str | None = None):
+    """The executable of any traced function for one device, through the compile cache (cache/).
 
     The one compile entry point: op programs (below) and DeferAndFuse's fused
-    graphs (defer.py) both compile here, so a compile cache wraps both.
+    graphs (defer.py) both compile here. keep_unused: a cached executable is
+    called with every flat argument.
     """
-    start = time.perf_counter()
-    compiled = jax.jit(fn, out_shardings=sharding, donate_argnums=donate_argnums).lower(*args).compile()
-    metrics.record_compile(time.perf_counter() - start)
-    return compiled
+    (device,) = sharding.device_set
+    lowered = jax.jit(fn, out_shardings=sharding, donate_argnums=donate_argnums, keep_unused=True).lower(*args)
+    return cache.compile(lowered, device, program_key=program_key)
 
 
 def compile_program(program: OpProgram, sharding, slot_arrays, scalars):
-    """jit the program for its device and count the compilation."""
-    compiled = compile_function(program.trace, sharding, (slot_arrays, scalars))
-    program.executable = compiled
+    """The program's executable for its device, through the compile cache (cache/)."""
+    (device,) = sharding.device_set
+    program_key = cache.program_key(program.key, device) if _indexable(program) else None
+    executable = None
+    if program_key is not None:  # the trees jit would give: ((slot arrays, scalars), {}) -> (fresh, updated)
+        in_tree = jax.tree_util.tree_structure((([0] * len(slot_arrays), [0] * len(scalars)), {}))
+        n_fresh = sum(meta is not None for meta in program.outputs)
+        out_tree = jax.tree_util.tree_structure(([0] * n_fresh, [0] * len(program.updated_slots)))
+        executable = cache.lookup(program_key, device, in_tree, out_tree)
+    if executable is None:
+        executable = compile_function(program.trace, sharding, (slot_arrays, scalars), program_key=program_key)
+    program.executable = executable
     program.enable_fast_path()
-    return compiled
+    return executable
+
+
+def _indexable(program: OpProgram) -> bool:
+    """Whether the signature alone determines the program (see cache/key.py): aten ops lowered by our code or JAX."""
+    if not cache.settings().enabled or program.lowering is None:
+        return False
+    module = getattr(program.lowering.fn, "__module__", None) or ""
+    return program.spec.op.namespace == "aten" and module.split(".")[0] in ("torch_tpu", "jax")

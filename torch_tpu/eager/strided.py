@@ -59,12 +59,15 @@ def _nested_plan(sizes, strides):
     return dims
 
 
-def _window(buf, offset: int, length: int):
-    """buf[offset : offset + length], zero-padded past the end."""
-    available = buf.shape[0] - offset
-    if length <= available:
-        return lax.slice(buf, (offset,), (offset + length,))
-    return jnp.pad(lax.slice(buf, (offset,), (buf.shape[0],)), (0, length - available))
+def _extent(sizes, strides) -> int:
+    """Elements from the view's first to its last element, inclusive."""
+    return 1 + sum((size - 1) * stride for size, stride in zip(sizes, strides) if size > 0)
+
+
+def _padded(buf, window: int, extent: int):
+    """`buf` with room for a `window`-long slice at any offset where the view (of `extent`) fits."""
+    pad = window - extent
+    return jnp.pad(buf, (0, pad)) if pad > 0 else buf
 
 
 def _block_shape(dims):
@@ -76,11 +79,16 @@ def _block_shape(dims):
 
 
 def _gather_indices(sizes, strides, offset):
-    index = jnp.full(tuple(sizes), offset, dtype=jnp.int64)
+    index = jnp.zeros(tuple(sizes), dtype=jnp.int64) + offset
     for d, (size, stride) in enumerate(zip(sizes, strides)):
         if size > 1 and stride:
             index = index + lax.broadcasted_iota(jnp.int64, tuple(sizes), d) * stride
     return index
+
+
+# `offset` below is the view's storage offset: a Python int, or a traced int64
+# scalar when it is a runtime input (one program then serves every offset).
+# Either way a valid view fits its storage, so dynamic slices never clamp.
 
 
 def read(buf, sizes, strides, offset):
@@ -90,15 +98,17 @@ def read(buf, sizes, strides, offset):
     if numel == 0:
         return jnp.zeros(sizes, buf.dtype)
     if is_contiguous(sizes, strides):
-        if offset == 0 and numel == buf.shape[0]:
+        if numel == buf.shape[0]:  # the whole storage: the offset can only be 0
             return buf.reshape(sizes)
-        return lax.slice(buf, (offset,), (offset + numel,)).reshape(sizes)
+        return lax.dynamic_slice(buf, (offset,), (numel,)).reshape(sizes)
     dims = _nested_plan(sizes, strides)
     if dims is None:
         return buf[_gather_indices(sizes, strides, offset)]
     if not dims:  # every dim has size 1 or stride 0
-        return jnp.broadcast_to(lax.slice(buf, (offset,), (offset + 1,)).reshape(()), sizes)
-    block = _window(buf, offset, dims[0][1] * dims[0][2]).reshape(_block_shape(dims))
+        return jnp.broadcast_to(lax.dynamic_slice(buf, (offset,), (1,)).reshape(()), sizes)
+    window = dims[0][1] * dims[0][2]
+    block = lax.dynamic_slice(_padded(buf, window, _extent(sizes, strides)), (offset,), (window,))
+    block = block.reshape(_block_shape(dims))
     value = lax.slice(block, (0,) * block.ndim, tuple(size for _, size, _ in dims) + (1,))
     value = value.reshape(tuple(size for _, size, _ in dims))
     # `value` is in stride order; put the dims back in the view's order, then
@@ -118,7 +128,7 @@ def write(buf, value, sizes, strides, offset):
     if numel == 0:
         return buf
     if is_contiguous(sizes, strides):
-        if offset == 0 and numel == buf.shape[0]:
+        if numel == buf.shape[0]:
             return value.reshape(-1)
         return lax.dynamic_update_slice(buf, value.reshape(-1), (offset,))
     dims = _nested_plan(sizes, strides)
@@ -133,10 +143,9 @@ def write(buf, value, sizes, strides, offset):
     # Inverse of read's permutation: from the view's dim order to stride order.
     value = jnp.transpose(value, np.argsort(np.argsort(order))) if order != sorted(order) else value
     value = value.reshape(tuple(size for _, size, _ in dims) + (1,))
-    length = dims[0][1] * dims[0][2]
-    end = offset + length
-    padded = buf if end <= buf.shape[0] else jnp.pad(buf, (0, end - buf.shape[0]))
-    block = lax.slice(padded, (offset,), (end,)).reshape(_block_shape(dims))
+    window = dims[0][1] * dims[0][2]
+    padded = _padded(buf, window, _extent(sizes, strides))
+    block = lax.dynamic_slice(padded, (offset,), (window,)).reshape(_block_shape(dims))
     block = lax.dynamic_update_slice(block, value, (0,) * block.ndim)
     padded = lax.dynamic_update_slice(padded, block.reshape(-1), (offset,))
     return padded if padded.shape[0] == buf.shape[0] else padded[: buf.shape[0]]

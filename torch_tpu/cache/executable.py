@@ -1,0 +1,99 @@
+"""Compiled XLA executables to bytes and back, without pickle.
+
+Owns: serializing the executable inside a `jax.stages.Compiled` with the PJRT
+client's `serialize_executable`, loading such bytes with the client's
+`deserialize_executable`, and calling a loaded executable like the `Compiled`
+it came from. Does not own keys, envelopes or storage.
+
+Why not `jax.experimental.serialize_executable`: it pickles JAX's internal
+executable object, and unpickling runs arbitrary code. Why not `jax.export`: it
+stores StableHLO, so a load still compiles. The PJRT client's own format (the
+one JAX's persistent compilation cache stores) is bytes XLA parses; we add
+the calling convention (flat arguments in, flat results out, the output
+pytree from the lowering) ourselves. docs/cache.md has the details.
+"""
+from __future__ import annotations
+
+import operator
+
+import jax
+
+
+def serialize(compiled) -> bytes:
+    """The PJRT bytes of a `jax.stages.Compiled`'s executable."""
+    runtime = compiled.runtime_executable()
+    return runtime.client.serialize_executable(runtime)
+
+
+def parameter_count(compiled) -> int:
+    """How many flat arguments the executable takes (with keep_unused=True: every leaf)."""
+    return len(compiled.runtime_executable().get_parameter_layouts())
+
+
+class LoadedExecutable:
+    """A deserialized executable, called with the same pytrees as the `Compiled` it was saved from.
+
+    Arguments are flattened and passed to PJRT as they are (they must already
+    be on the executable's device, as the executors' are); the flat results
+    are rebuilt into `out_tree`.
+    """
+
+    __slots__ = ("runtime", "out_tree", "n_inputs", "_execute")
+
+    def __init__(self, runtime, out_tree, n_inputs: int):
+        self.runtime = runtime
+        self.out_tree = out_tree
+        self.n_inputs = n_inputs
+        self._execute = runtime.execute_sharded
+
+    def __call__(self, *args, **kwargs):
+        leaves = jax.tree_util.tree_leaves((args, kwargs))
+        if len(leaves) != self.n_inputs:
+            raise TypeError(f"cached executable takes {self.n_inputs} arrays, got {len(leaves)}")
+        results = self._execute(leaves).disassemble_into_single_device_arrays()
+        return self.out_tree.unflatten([r for (r,) in results])
+
+    def runtime_executable(self):
+        return self.runtime
+
+
+def _flat_pair(tree):
+    """(n, m) if `tree` is a pair of flat lists ([*] * n, [*] * m), else None."""
+    if tree.node_data() != (tuple, None):
+        return None
+    children = tree.children()
+    if len(children) != 2:
+        return None
+    counts = tuple(child.num_leaves for child in children)
+    for child, n in zip(children, counts):
+        if child != jax.tree_util.tree_structure([0] * n):
+            return None
+    return counts
+
+
+def _pair_call(runtime, n_first: int, n_outputs: int):
+    """The executors' calling convention, without pytree work: (list, list) -> (list, list)."""
+    execute = runtime.execute_sharded
+    handlers = [operator.itemgetter(0)] * n_outputs  # each result's array on its one device
+
+    def call(arrays, scalars):
+        results = execute(arrays + scalars).consume_with_handlers(handlers)
+        return results[:n_first], results[n_first:]
+
+    call.runtime_executable = lambda: runtime
+    return call
+
+
+def deserialize(payload: bytes, device, in_tree, out_tree):
+    """Load PJRT bytes onto `device` as a callable taking `in_tree` and returning `out_tree`.
+
+    `in_tree` is the tree of `(args, kwargs)`, as `jax.stages.Lowered.in_tree`.
+    Raises if XLA cannot parse the bytes.
+    """
+    runtime = device.client.deserialize_executable(payload, [device])
+    args = in_tree.children()[0] if in_tree.node_data() == (tuple, None) and in_tree.children() else None
+    no_kwargs = args is not None and in_tree.children()[1] == jax.tree_util.tree_structure({})
+    outs = _flat_pair(out_tree)
+    if no_kwargs and _flat_pair(args) is not None and outs is not None:
+        return _pair_call(runtime, outs[0], out_tree.num_leaves)
+    return LoadedExecutable(runtime, out_tree, in_tree.num_leaves)
