@@ -17,6 +17,15 @@ import torch_tpu  # noqa: E402,F401
 
 TPU = torch.device("tpu:0")
 
+# Source defining an op with a CPU kernel only: it stays unlowered whatever the op families grow
+# to cover, so the CPU-fallback tests (in-process and in subprocesses) always have one.
+UNLOWERED_OP_SOURCE = (
+    "import torch\n"
+    "_lib = torch.library.Library('tpu_test', 'FRAGMENT')\n"
+    "_lib.define('unlowered(Tensor x) -> Tensor')\n"
+    "_lib.impl('unlowered', lambda x: x * 2 + 1, 'CPU')\n"
+)
+
 
 @pytest.fixture(autouse=True)
 def _highest_precision():

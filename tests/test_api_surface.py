@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import torch_tpu
+from conftest import UNLOWERED_OP_SOURCE
 
 
 def _python(code, **env):
@@ -77,9 +78,9 @@ def test_metrics_sections():
 
 def test_fallback_silent_mode():
     """TORCH_TPU_FALLBACK=silent runs on CPU without a warning but still counts."""
-    code = ("import warnings, torch, torch_tpu\nwarnings.simplefilter('error')\n"
-            "torch.cdist(torch.randn(3, 4, device='tpu'), torch.randn(5, 4, device='tpu'))\n"
-            "print(torch_tpu.metrics.fallbacks['aten._cdist_forward.default'])\n")
+    code = (UNLOWERED_OP_SOURCE + "import warnings, torch_tpu\nwarnings.simplefilter('error')\n"
+            "torch.ops.tpu_test.unlowered(torch.randn(3, 4, device='tpu'))\n"
+            "print(torch_tpu.metrics.fallbacks['tpu_test.unlowered.default'])\n")
     out = _python(code, TORCH_TPU_FALLBACK="silent")
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "1"

@@ -52,7 +52,7 @@ SKIP = {
 
 @pytest.fixture(autouse=True)
 def _keep_fallback_warnings(monkeypatch):
-    """CPU fallbacks met here (pdist, cdist, fused RNN cells) do not use up their one-time warnings."""
+    """CPU fallbacks met here (ops the families do not lower) do not use up their one-time warnings."""
     monkeypatch.setattr(kernels, "_warned", set(kernels._warned))
 
 

@@ -6,6 +6,7 @@ import sys
 import pytest
 import torch
 
+from conftest import UNLOWERED_OP_SOURCE
 from torch_tpu import metrics
 
 
@@ -43,14 +44,17 @@ def test_unsupported_dtype_is_clear():
         torch.ones(3, dtype=torch.complex32).to("tpu")
 
 
+exec(UNLOWERED_OP_SOURCE)
+
+
 def test_fallback_warns_once_and_counts():
     """An op with no lowering or decomposition runs on CPU, warns once, and is counted."""
-    op = "aten._cdist_forward.default"
+    op = "tpu_test.unlowered.default"
     before = metrics.fallbacks[op]
-    a, b = torch.randn(3, 4), torch.randn(5, 4)
+    a = torch.randn(3, 4)
     with pytest.warns(UserWarning, match="not lowered for the 'tpu' device"):
-        out = torch.cdist(a.to("tpu"), b.to("tpu"))
-    torch.testing.assert_close(out.cpu(), torch.cdist(a, b))
+        out = torch.ops.tpu_test.unlowered(a.to("tpu"))
+    torch.testing.assert_close(out.cpu(), a * 2 + 1)
     assert out.device.type == "tpu"
     assert metrics.fallbacks[op] == before + 1
     assert op in metrics.report()
@@ -58,9 +62,8 @@ def test_fallback_warns_once_and_counts():
 
 def test_fallback_error_mode():
     """TORCH_TPU_FALLBACK=error turns a CPU fallback into NotImplementedError."""
-    code = ("import torch, torch_tpu\n"
-            "torch.cdist(torch.randn(3, 4, device='tpu'), torch.randn(5, 4, device='tpu'))\n")
+    code = UNLOWERED_OP_SOURCE + "import torch_tpu\ntorch.ops.tpu_test.unlowered(torch.randn(3, 4, device='tpu'))\n"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                          env=dict(os.environ, TORCH_TPU_FALLBACK="error"))
     assert out.returncode != 0
-    assert "NotImplementedError" in out.stderr and "_cdist_forward" in out.stderr
+    assert "NotImplementedError" in out.stderr and "tpu_test.unlowered" in out.stderr

@@ -50,22 +50,32 @@ def register_all() -> None:
         ops.load_all()
         lib = torch.library.Library("aten", "IMPL")
         _libraries.append(lib)
+        libraries = {"aten": lib}
 
         def add(op, kernel):
             if op in _kernels:
                 raise RuntimeError(f"two tpu kernels for {op}")
             _kernels[op] = kernel
-            lib.impl(op, kernel, "PrivateUse1")
+            namespace = op._schema.name.split("::")[0]  # our own ops live in "torch_tpu"
+            if namespace not in libraries:
+                libraries[namespace] = torch.library.Library(namespace, "IMPL")
+                _libraries.append(libraries[namespace])
+            libraries[namespace].impl(op, kernel, "PrivateUse1")
 
         for op, kernel in special.kernels().items():
             add(op, kernel)
+        for op, kernel in registry.kernels().items():  # torch-level kernels (ops/dynamic.py)
+            add(op, kernel)
+            for variant in mutating_variants(op):
+                if variant not in _kernels and registry.get(variant) is None:
+                    add(variant, _written_by(variant, kernel))
         for op, lowering in registry.table().items():
             if op in _kernels:
                 continue
-            add(op, _lowered_kernel(op, lowering, via_functional=False))
+            add(op, _prepared(op, _lowered_kernel(op, lowering, via_functional=False)))
             for variant in mutating_variants(op):
                 if variant not in _kernels and registry.get(variant) is None:
-                    add(variant, _lowered_kernel(variant, lowering, via_functional=True))
+                    add(variant, _prepared(variant, _lowered_kernel(variant, lowering, via_functional=True)))
         for op in metadata_ops():
             if op not in _kernels:
                 add(op, _redispatch_cpu(op))
@@ -76,6 +86,40 @@ def _lowered_kernel(op, lowering, via_functional: bool):
     from torch_tpu.eager import executor
 
     return executor.kernel(spec(op), lowering, via_functional)
+
+
+def _prepared(op, kernel):
+    from torch_tpu.ops import registry
+
+    prepare = registry.preparation(op)
+    if prepare is None:
+        return kernel
+
+    def prepared(*args, **kwargs):
+        args, kwargs = prepare(*args, **kwargs)
+        return kernel(*args, **kwargs)
+
+    return prepared
+
+
+def _written_by(variant, functional):
+    """The in-place/out= variant of a torch-level kernel: run it, then resize and copy into the written tensors."""
+    s = spec(variant)
+
+    def kernel(*args, **kwargs):
+        full = s.normalize(args, kwargs)
+        inputs = [a for i, a in enumerate(full) if not (s.is_out and i in s.writes)]
+        result = functional(*inputs)
+        results = result if isinstance(result, tuple) else (result,)
+        for i, value in zip(s.writes, results):
+            target = full[i]
+            if s.is_out and target.shape != value.shape:
+                target.resize_(value.shape)
+            target.copy_(value)
+        written = [full[i] for i in s.writes]
+        return written[0] if len(written) == 1 else tuple(written)
+
+    return kernel
 
 
 def mutating_variants(op) -> list:

@@ -124,8 +124,13 @@ def build(key, spec: OpSpec, lowering: Lowering, scalars: list, via_functional: 
         meta_args[spec.index["device"]] = torch.device("meta")
     outputs, return_counts, resize = _meta_outputs(spec, meta_args, key_args)
 
-    # The arguments the lowering sees: out= arguments are not the functional op's.
+    # The arguments the lowering sees: out= arguments are not the functional op's, and a variant may
+    # order its arguments differently from its functional op (polygamma_(self, n) vs polygamma(n, self)).
     passed = tuple(i for i in range(spec.n_args) if not (via_functional and spec.is_out and i in spec.writes))
+    if via_functional:
+        functional_names = [a.name for a in lowering.op._schema.arguments]
+        if sorted(functional_names) == sorted(spec.names[i] for i in passed):
+            passed = tuple(spec.index[name] for name in functional_names)
     compute_dtype = None
     if lowering.promote is not None:
         participants = [
@@ -145,8 +150,14 @@ def build(key, spec: OpSpec, lowering: Lowering, scalars: list, via_functional: 
         for index, (buffer_dtype, _) in enumerate(slots)
     )
     if outputs is None:  # no meta kernel: let JAX tell the shapes (contiguous outputs)
-        outputs, return_counts = _probe_outputs(spec, lowering, key_args, slots, slot_dtypes, passed, input_slots,
-                                                updated_slots, compute_dtype, scalars)
+        outputs, return_counts, written = _probe_outputs(spec, lowering, key_args, slots, slot_dtypes, passed,
+                                                         input_slots, updated_slots, compute_dtype, scalars)
+        if spec.is_out:  # out= arguments take the probed shapes (resized like PyTorch's out= ops)
+            resize = {i: shape for i, shape in zip(spec.writes, written)
+                      if spec.kinds[i] in _TENSOR_KINDS and key_args[i] is not None and key_args[i][2] != shape}
+            if resize:
+                return OpProgram(key, spec, outputs, return_counts, input_slots, updated_slots, slot_dtypes, resize,
+                                 None, device)
     trace = _make_trace(spec, lowering, key_args, slots, slot_dtypes, passed, input_slots, updated_slots, outputs,
                         compute_dtype)
     if lowering.precision:  # products run at the level in the key, wherever and whenever the trace runs
@@ -247,7 +258,8 @@ def _probe_outputs(spec, lowering, key_args, slots, slot_dtypes, passed, input_s
         jax.ShapeDtypeStruct((nbytes // slot_dtypes[i].itemsize,), dtypes.to_jax(slot_dtypes[i]))
         for i, (_, nbytes) in enumerate(slots) if i in input_slots
     ]
-    fresh, _ = jax.eval_shape(probe, slot_shapes, list(scalars))
+    fresh, written = jax.eval_shape(probe, slot_shapes, list(scalars))
+    written = [tuple(getattr(w, "shape", ())) for w in written]
     outputs, counts = [], []
     for (kind, is_list), value in zip([r for r in spec.returns if r[0] == "fresh"], fresh):
         values = value if is_list else [value]
@@ -256,7 +268,7 @@ def _probe_outputs(spec, lowering, key_args, slots, slot_dtypes, passed, input_s
         for v in values:
             sizes = tuple(v.shape)
             outputs.append(OutputMeta(sizes, strided.contiguous_strides(sizes), dtypes.to_torch(v.dtype)))
-    return outputs, counts
+    return outputs, counts, written
 
 
 def _make_trace(spec, lowering, key_args, slots, slot_dtypes, passed, input_slots, updated_slots, outputs, compute_dtype,
@@ -298,8 +310,8 @@ def _make_trace(spec, lowering, key_args, slots, slot_dtypes, passed, input_slot
             result = fn(*(args[i] for i in passed), **kwargs)
             results = _as_list(result, n_fresh + len(writes), spec)
 
-            if not flatten:  # shape probe: the fresh results as the lowering made them
-                return results[:n_fresh], []
+            if not flatten:  # shape probe: the fresh results and the written values as the lowering made them
+                return results[:n_fresh], list(results[n_fresh:])
             fresh = []
             for value in results[:n_fresh]:
                 fresh.extend(value if isinstance(value, (list, tuple)) else [value])

@@ -24,19 +24,31 @@ def _copy_same_device(dst, src, non_blocking=False):
 
 
 def copy_(dst: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
+    # copy_ sees tensors with lazy conjugate/negative bits (PyTorch lets them through to
+    # copy_): resolve the source's, and store what dst's bits read back as the value.
+    from torch_tpu.ops import bits
+
     if dst.device.type == "tpu":
         if src.device.type == "tpu":
+            src = bits.resolved(src)
             if src.device != dst.device:
                 src = transfer.to_device(src, dst.device.index)
         elif src.device.type == "cpu":
-            src = transfer.upload(src, dst.device.index)
+            src = transfer.upload(src, dst.device.index)  # upload resolves the bits itself
         else:
             raise RuntimeError(f"copy_ from {src.device} to {dst.device} is not supported")
+        if bits.has_bits(dst):
+            _copy_same_device(bits.stripped(dst), bits.apply_bits(src, dst), non_blocking)
+            return dst
         return _copy_same_device(dst, src, non_blocking)
     if dst.device.type != "cpu":
         raise RuntimeError(f"copy_ from {src.device} to {dst.device} is not supported")
     # NOTE: device -> host is a materialization point; non_blocking is not honoured.
-    host = transfer.download(src)
+    host = transfer.download(bits.stripped(src))  # the stored values; the bits are applied on the host
+    if src.is_conj():
+        host = host.conj()
+    if src.is_neg():
+        host = host._neg_view()
     return dst.copy_(host)
 
 

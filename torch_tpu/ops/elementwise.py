@@ -42,7 +42,6 @@ lower_table(
         aten.erfc.default: jsp.erfc,
         aten.erfinv.default: jsp.erfinv,
         aten.lgamma.default: jsp.gammaln,
-        aten.digamma.default: jsp.digamma,
         aten.reciprocal.default: lambda x: 1 / x,
         aten.sinc.default: jnp.sinc,
         aten.deg2rad.default: jnp.deg2rad,
@@ -256,10 +255,32 @@ lower_table(
         aten.bitwise_or.Scalar: _bitwise(jnp.bitwise_or, jnp.logical_or),
         aten.bitwise_xor.Tensor: _bitwise(jnp.bitwise_xor, jnp.logical_xor),
         aten.bitwise_xor.Scalar: _bitwise(jnp.bitwise_xor, jnp.logical_xor),
-        aten.bitwise_left_shift.Tensor: jnp.left_shift,
-        aten.bitwise_right_shift.Tensor: jnp.right_shift,
         aten.gcd.default: jnp.gcd,
         aten.lcm.default: jnp.lcm,
+    },
+    promote=Promote.DEFAULT,
+)
+
+
+# NOTE(torch-vs-xla): both shift out to 0 (or the sign, right-shifting a negative) for shift counts
+# outside [0, bits): XLA's shifts already do, so no clamping is needed.
+lower_table(
+    {
+        op: jnp.left_shift
+        for op in (aten.bitwise_left_shift.Tensor, aten.bitwise_left_shift.Tensor_Scalar,
+                   aten.bitwise_left_shift.Scalar_Tensor, aten.__lshift__.Tensor, aten.__lshift__.Scalar)
+    } | {
+        op: jnp.right_shift
+        for op in (aten.bitwise_right_shift.Tensor, aten.bitwise_right_shift.Tensor_Scalar,
+                   aten.bitwise_right_shift.Scalar_Tensor, aten.__rshift__.Tensor, aten.__rshift__.Scalar)
+    },
+    promote=Promote.DEFAULT,
+)
+# `a <<= b` is __ilshift__, which has no functional counterpart to derive it from.
+lower_table(
+    {
+        aten.__ilshift__.Tensor: jnp.left_shift, aten.__ilshift__.Scalar: jnp.left_shift,
+        aten.__irshift__.Tensor: jnp.right_shift, aten.__irshift__.Scalar: jnp.right_shift,
     },
     promote=Promote.DEFAULT,
 )
@@ -309,3 +330,26 @@ def addcmul(x, t1, t2, value=1):
 @lowers(aten.addcdiv.default, promote=Promote.DEFAULT)
 def addcdiv(x, t1, t2, value=1):
     return x + value * (t1 / t2)
+
+
+# ---------------------------------------------------------------- complex parts and float decomposition
+@lowers(aten.angle.default, promote=Promote.INT_TO_FLOAT)
+def angle(x):
+    if jnp.issubdtype(x.dtype, jnp.complexfloating):
+        return jnp.angle(x)
+    # PyTorch: pi for negative reals, 0 otherwise, NaN stays NaN.
+    return jnp.where(jnp.isnan(x), x, jnp.where(x < 0, jnp.pi, 0).astype(x.dtype))
+
+
+@lowers(aten.frexp.Tensor)
+def frexp(x):
+    mantissa, exponent = jnp.frexp(x)
+    return mantissa, exponent.astype(jnp.int32)
+
+
+@lowers(aten.logit_backward.default, promote=Promote.INT_TO_FLOAT, static_scalars=True)
+def logit_backward(grad, x, eps=None):
+    derivative = grad / (x * (1 - x))
+    if eps is None:
+        return jnp.where((x < 0) | (x > 1), jnp.nan, derivative)
+    return jnp.where((x < eps) | (x > 1 - eps), jnp.zeros_like(derivative), derivative)

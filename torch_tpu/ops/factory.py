@@ -61,3 +61,9 @@ def eye_square_out(n, out):
 @lowers(aten.scalar_tensor.default)
 def scalar_tensor(s, dtype=None, layout=None, device=None, pin_memory=None):
     return jnp.asarray(s, dtypes.to_jax(dtype) if dtype is not None else jnp.float32)
+
+
+@lowers(aten._efficientzerotensor.default)
+def efficientzerotensor(size, dtype=None, layout=None, device=None, pin_memory=None):
+    # NOTE(torch-vs-xla): PyTorch's ZeroTensor is a lazy zero; ours is stored zeros (same values).
+    return jnp.zeros(tuple(size), dtypes.to_jax(dtype) if dtype is not None else jnp.float32)

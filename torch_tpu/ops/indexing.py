@@ -1,4 +1,8 @@
-"""Indexing: index, index_put, gather, scatter, index_select, sort, topk.
+"""Indexing: index, index_put, gather, scatter, index_select/add/copy/reduce, take/put,
+masked_scatter, sort, topk, searchsorted/bucketize.
+
+Boolean masks reach `index`/`index_put` already turned into index tensors
+(ops/dynamic.py), except `x[mask] = scalar`, which needs no size and is a select here.
 
 NOTE(torch-vs-xla): PyTorch raises on out-of-range indices; XLA clamps
 gathers and drops out-of-range scatters. Debug mode (TORCH_TPU_LAUNCH_BLOCKING)
@@ -10,23 +14,60 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from torch_tpu.ops.registry import aten, lowers
+from torch_tpu.ops.registry import Promote, aten, lowers
 
 
 def _index_tuple(indices):
     return tuple(slice(None) if i is None else i for i in indices)
 
 
-@lowers(aten.index.Tensor)
+@lowers(aten.index.Tensor, aten._unsafe_index.Tensor)
 def index(x, indices):
     return x[_index_tuple(indices)]
 
 
-@lowers(aten.index_put.default, aten._index_put_impl.default)
+@lowers(aten.index_put.default, aten._index_put_impl.default, aten._unsafe_index_put.default)
 def index_put(x, indices, values, accumulate=False, unsafe=False):
-    ref = x.at[_index_tuple(indices)]
     values = values.astype(x.dtype)
-    return ref.add(values) if accumulate else ref.set(values)
+    masks = [(p, i) for p, i in enumerate(indices) if i is not None and i.dtype == jnp.bool_]
+    if masks:  # `x[mask] = scalar` (the only boolean case that reaches a lowering): a select
+        (position, mask), = masks
+        mask = mask.reshape((1,) * position + mask.shape + (1,) * (x.ndim - position - mask.ndim))
+        value = values.reshape(())
+        added = (x | value) if x.dtype == jnp.bool_ else x + value
+        return jnp.where(mask, added if accumulate else value, x)
+    ref = x.at[_index_tuple(indices)]
+    if accumulate:
+        return ref.max(values) if x.dtype == jnp.bool_ else ref.add(values)  # bool: logical or
+    return ref.set(values)
+
+
+@lowers(aten.masked_scatter.default)
+def masked_scatter(x, mask, source):
+    """Masked positions of x take source's elements in order (no size needed: a running count)."""
+    flat_mask = jnp.broadcast_to(mask, x.shape).reshape(-1)
+    src = source.reshape(-1)
+    if src.shape[0] == 0:
+        return x
+    position = jnp.clip(jnp.cumsum(flat_mask.astype(jnp.int64)) - 1, 0, src.shape[0] - 1)
+    return jnp.where(flat_mask, src[position].astype(x.dtype), x.reshape(-1)).reshape(x.shape)
+
+
+@lowers(aten.take.default)
+def take(x, index):
+    flat = x.reshape(-1)
+    return flat[jnp.where(index < 0, index + flat.shape[0], index)]
+
+
+@lowers(aten.put.default)
+def put(x, index, source, accumulate=False):
+    flat = x.reshape(-1)
+    index = jnp.where(index < 0, index + flat.shape[0], index).reshape(-1)
+    ref = flat.at[index]
+    values = source.reshape(-1).astype(x.dtype)
+    if accumulate:
+        return (ref.max(values) if x.dtype == jnp.bool_ else ref.add(values)).reshape(x.shape)
+    return ref.set(values).reshape(x.shape)
 
 
 @lowers(aten.index_select.default)
@@ -66,9 +107,9 @@ def _scatter(x, dim, index, src, reduce=None):
     if reduce is None:
         return ref.set(values)
     if reduce in ("add", "sum"):
-        return ref.add(values)
+        return ref.max(values) if x.dtype == jnp.bool_ else ref.add(values)  # bool: logical or
     if reduce in ("multiply", "prod"):
-        return ref.multiply(values)
+        return ref.min(values) if x.dtype == jnp.bool_ else ref.multiply(values)  # bool: logical and
     if reduce == "amax":
         return ref.max(values)
     if reduce == "amin":
@@ -99,6 +140,9 @@ def scatter_reduce(x, dim, index, src, reduce, include_self=True):
         count = _scatter(jnp.ones_like(x) if include_self else jnp.zeros_like(x), dim, index, ones, "add")
         count = jnp.maximum(count, 1)
         out = total / count if jnp.issubdtype(x.dtype, jnp.inexact) else jnp.floor_divide(total, count)
+        if not include_self:  # untouched positions keep their value
+            touched = _scatter(jnp.zeros(x.shape, jnp.bool_), dim, index, True)
+            out = jnp.where(touched, out, x)
         return out.astype(x.dtype)
     if not include_self:
         # Positions that receive a value start from the reduction's identity.
@@ -122,6 +166,8 @@ def index_add(x, dim, index, source, alpha=1):
         return x + jnp.sum(source) * alpha
     dim = dim % x.ndim
     idx = (slice(None),) * dim + (index,)
+    if x.dtype == jnp.bool_:
+        return x.at[idx].max(source.astype(jnp.bool_) & (jnp.asarray(alpha) != 0))
     return x.at[idx].add((source * alpha).astype(x.dtype))
 
 
@@ -131,6 +177,32 @@ def index_copy(x, dim, index, source):
         return source.reshape(())
     dim = dim % x.ndim
     return x.at[(slice(None),) * dim + (index,)].set(source.astype(x.dtype))
+
+
+@lowers(aten.index_reduce.default)
+def index_reduce(x, dim, index, source, reduce, include_self=True):
+    if x.ndim == 0:
+        x, source, squeeze = x.reshape(1), source.reshape(1), True
+    else:
+        squeeze = False
+    dim = dim % x.ndim
+    where = (slice(None),) * dim + (index,)
+    source = source.astype(x.dtype)
+    touched = jnp.zeros(x.shape, jnp.bool_).at[where].set(True)
+    if reduce == "mean":
+        start = x if include_self else jnp.zeros_like(x)
+        total = start.at[where].add(source)
+        count = (jnp.ones_like(x) if include_self else jnp.zeros_like(x)).at[where].add(jnp.ones_like(source))
+        count = jnp.maximum(count, 1)
+        out = total / count if jnp.issubdtype(x.dtype, jnp.inexact) else jnp.floor_divide(total, count)
+    else:
+        if not include_self:
+            identity = {"prod": 1, "amax": _lowest(x.dtype), "amin": _highest(x.dtype)}[reduce]
+            x = jnp.where(touched, jnp.asarray(identity, x.dtype), x)
+        ref = x.at[where]
+        out = {"prod": ref.multiply, "amax": ref.max, "amin": ref.min}[reduce](source)
+    out = jnp.where(touched, out, x) if not include_self else out
+    return out.reshape(()) if squeeze else out
 
 
 @lowers(aten.index_fill.int_Scalar, aten.index_fill.int_Tensor)
@@ -164,3 +236,31 @@ def topk(x, k, dim=-1, largest=True, sorted=True):
     order = jnp.argsort(moved, axis=-1, stable=True, descending=largest)[..., :k]
     values = jnp.take_along_axis(moved, order, axis=-1)
     return jnp.moveaxis(values, -1, dim), jnp.moveaxis(order, -1, dim).astype(jnp.int64)
+
+
+# ---------------------------------------------------------------- binary search
+def _searchsorted(sequence, values, side):
+    if sequence.ndim <= 1:
+        return jnp.searchsorted(sequence.reshape(-1), values, side=side)
+    rows = sequence.reshape(-1, sequence.shape[-1])
+    found = jax.vmap(lambda s, v: jnp.searchsorted(s, v, side=side))(rows, values.reshape(rows.shape[0], -1))
+    return found.reshape(values.shape)
+
+
+def _side(right, side):
+    return side if side is not None else ("right" if right else "left")
+
+
+@lowers(aten.searchsorted.Tensor, aten.searchsorted.Scalar, promote=Promote.DEFAULT,
+        promote_args=("sorted_sequence", "self"))
+def searchsorted(sequence, values, out_int32=False, right=False, side=None, sorter=None):
+    if sorter is not None:
+        sequence = jnp.take_along_axis(sequence, sorter, axis=-1)
+    out = _searchsorted(sequence, jnp.asarray(values), _side(right, side))
+    return out.astype(jnp.int32 if out_int32 else jnp.int64)
+
+
+@lowers(aten.bucketize.Tensor, aten.bucketize.Scalar, promote=Promote.DEFAULT, promote_args=("self", "boundaries"))
+def bucketize(values, boundaries, out_int32=False, right=False):
+    out = jnp.searchsorted(boundaries, jnp.asarray(values), side="right" if right else "left")
+    return out.astype(jnp.int32 if out_int32 else jnp.int64)

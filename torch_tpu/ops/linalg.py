@@ -1,11 +1,17 @@
-"""Matrix products: mm, bmm, addmm, baddbmm, dot, mv.
+"""Linear algebra products: mm, bmm, addmm, baddbmm, addbmm, addmv, addr, dot, vdot, mv,
+distances (cdist, pdist and their backward) and cross products.
 
 Float32 products follow the float32 matmul precision (precision.py): the
-key of every program here includes it.
+key of every program that makes one includes it. Factorizations and solvers
+live in factorization.py.
 """
 from __future__ import annotations
 
+import functools
+import math
+
 import jax.numpy as jnp
+from jax import lax
 
 from torch_tpu import precision
 from torch_tpu.ops.registry import aten, lowers
@@ -56,6 +62,15 @@ def addmv(x, a, v, beta=1, alpha=1):
     return _scaled(x, _matmul(a, v, accumulator=True), beta, alpha)
 
 
+@lowers(aten.addr.default, precision=True)
+def addr(x, v1, v2, beta=1, alpha=1):
+    wide = jnp.float32 if v1.dtype in (jnp.bfloat16, jnp.float16) else v1.dtype
+    product = v1.astype(wide)[:, None] * v2.astype(wide)[None, :]
+    if x.dtype == jnp.bool_:
+        return jnp.logical_or(x & bool(beta), (v1[:, None] & v2[None, :]) & bool(alpha))
+    return _scaled(x, product, beta, alpha)
+
+
 @lowers(aten.addbmm.default, precision=True)
 def addbmm(x, a, b, beta=1, alpha=1):
     return _scaled(x, jnp.sum(_matmul(a, b, accumulator=True), axis=0), beta, alpha)
@@ -68,3 +83,110 @@ def _scaled(x, product, beta, alpha):
     beta = jnp.asarray(beta).astype(product.dtype)
     # NOTE(torch-vs-xla): with beta == 0 PyTorch ignores x entirely (its NaNs do not propagate).
     return jnp.where(beta == 0, jnp.zeros((), product.dtype), x.astype(product.dtype) * beta) + product
+
+
+def _mT(x):
+    return jnp.swapaxes(x, -1, -2)
+
+
+# ---------------------------------------------------------------- distances
+def _use_mm(p, compute_mode, rows1, rows2):
+    # PyTorch's rule: the matmul form of the euclidean distance for p == 2 when it pays.
+    if p != 2:
+        return False
+    if compute_mode == 1:
+        return True
+    return compute_mode in (None, 0) and (rows1 > 25 or rows2 > 25)
+
+
+@lowers(aten._cdist_forward.default, precision=True, static_scalars=True)
+def cdist_forward(x1, x2, p, compute_mode=None):
+    if _use_mm(p, compute_mode, x1.shape[-2], x2.shape[-2]):
+        square1 = jnp.sum(x1 * x1, axis=-1, keepdims=True)
+        square2 = jnp.sum(x2 * x2, axis=-1, keepdims=True)
+        product = _matmul(x1, _mT(x2))
+        return jnp.sqrt(jnp.maximum(square1 - 2 * product + _mT(square2), 0))
+    diff = jnp.abs(x1[..., :, None, :] - x2[..., None, :, :])
+    if p == 0:
+        return jnp.sum(diff != 0, axis=-1).astype(x1.dtype)
+    if p == math.inf:
+        return jnp.max(diff, axis=-1, initial=0)
+    if p == 1:
+        return jnp.sum(diff, axis=-1)
+    if p == 2:
+        return jnp.sqrt(jnp.sum(diff * diff, axis=-1))
+    return jnp.sum(diff**p, axis=-1) ** (1 / p)
+
+
+@lowers(aten._cdist_backward.default, static_scalars=True)
+def cdist_backward(grad, x1, x2, p, dist):
+    diff = x1[..., :, None, :] - x2[..., None, :, :]
+    g = grad[..., None]
+    d = dist[..., None]
+    nonzero = d != 0
+    safe = jnp.where(nonzero, d, 1)
+    if p == 0:
+        term = jnp.zeros_like(diff)
+    elif p == 1:
+        term = g * jnp.sign(diff)
+    elif p == 2:
+        term = jnp.where(nonzero, g * diff / safe, 0)
+    elif p == math.inf:
+        term = g * jnp.sign(diff) * (jnp.abs(diff) == d)
+    elif p < 2:
+        term = jnp.where(nonzero & (diff != 0), g * jnp.sign(diff) * jnp.abs(diff) ** (p - 1) / safe ** (p - 1), 0)
+    else:
+        term = jnp.where(nonzero, g * diff * jnp.abs(diff) ** (p - 2) / safe ** (p - 1), 0)
+    return jnp.sum(term, axis=-2)
+
+
+@functools.cache
+def _pairs(n):
+    import numpy as np
+
+    return tuple(np.triu_indices(n, 1))
+
+
+@lowers(aten._pdist_forward.default, static_scalars=True)
+def pdist_forward(x, p=2.0):
+    n = x.shape[0]
+    if n < 2:
+        return jnp.zeros((0,), x.dtype)
+    full = cdist_forward(x, x, p, 2)  # compute_mode 2: never the matmul form (exact zeros on the diagonal)
+    i, j = _pairs(n)
+    return full[i, j]
+
+
+@lowers(aten._pdist_backward.default, static_scalars=True)
+def pdist_backward(grad, x, p, pdist):
+    n = x.shape[0]
+    if n < 2:
+        return jnp.zeros_like(x)
+    i, j = _pairs(n)
+    g = jnp.zeros((n, n), grad.dtype).at[i, j].set(grad).at[j, i].set(grad)
+    d = jnp.zeros((n, n), pdist.dtype).at[i, j].set(pdist).at[j, i].set(pdist)
+    return cdist_backward(g, x, x, p, d)
+
+
+@lowers(aten.linalg_cross.default)  # (no promote=: it would hand us bfloat16 already widened)
+def linalg_cross(a, b, dim=-1):
+    common = jnp.result_type(a, b)
+    a, b = jnp.broadcast_arrays(a.astype(common), b.astype(common))
+    dim = dim % a.ndim
+    # PyTorch's CPU kernel rounds each product to the (low-precision) dtype before subtracting:
+    # compute in float32 with explicit roundings (XLA would otherwise keep excess precision).
+    r = functools.partial(_rounded, like=a.dtype)
+    if a.dtype in (jnp.bfloat16, jnp.float16):
+        a, b = a.astype(jnp.float32), b.astype(jnp.float32)
+    a0, a1, a2 = (lax.index_in_dim(a, i, dim) for i in range(3))
+    b0, b1, b2 = (lax.index_in_dim(b, i, dim) for i in range(3))
+    return jnp.concatenate(
+        [r(r(a1 * b2) - r(a2 * b1)), r(r(a2 * b0) - r(a0 * b2)), r(r(a0 * b1) - r(a1 * b0))], axis=dim)
+
+
+def _rounded(x, like):
+    if like == jnp.bfloat16:
+        return lax.reduce_precision(x, exponent_bits=8, mantissa_bits=7)
+    if like == jnp.float16:
+        return lax.reduce_precision(x, exponent_bits=5, mantissa_bits=10)
+    return x

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 from torch_tpu.ops.registry import aten, lowers
 
@@ -93,3 +94,48 @@ def exponential_(x, lambd=1.0, generator=None, *, key):
 @lowers(aten.randperm.generator_out, rng=True)
 def randperm_out(n, generator=None, out=None, *, key):
     return jax.random.permutation(key, n).astype(out.dtype)
+
+
+@lowers(aten.multinomial.default, rng=True)
+def multinomial(probs, num_samples, replacement=False, generator=None, *, key):
+    logits = jnp.log(probs.astype(jnp.float32))
+    if replacement:
+        draws = jax.random.categorical(key, logits, axis=-1, shape=(num_samples,) + probs.shape[:-1])
+        return jnp.moveaxis(draws, 0, -1).astype(jnp.int64)
+    # Without replacement: the top num_samples of logits + Gumbel noise (a draw in order, like PyTorch's).
+    scores = logits + jax.random.gumbel(key, probs.shape, jnp.float32)
+    return lax.top_k(scores, num_samples)[1].astype(jnp.int64)
+
+
+# ---------------------------------------------------------------- samplers behind torch.distributions
+def _wide(x):
+    return x.astype(jnp.float32) if x.dtype in (jnp.bfloat16, jnp.float16) else x
+
+
+@lowers(aten.poisson.default, rng=True)
+def poisson(rates, generator=None, *, key):
+    return jax.random.poisson(key, _wide(rates), rates.shape, dtype=jnp.int64).astype(rates.dtype)
+
+
+@lowers(aten.binomial.default, rng=True)
+def binomial(count, prob, generator=None, *, key):
+    shape = jnp.broadcast_shapes(count.shape, prob.shape)
+    return jax.random.binomial(key, _wide(count), _wide(prob), shape, dtype=jnp.float32).astype(count.dtype)
+
+
+@lowers(aten._standard_gamma.default, rng=True)
+def standard_gamma(alpha, generator=None, *, key):
+    return jax.random.gamma(key, _wide(alpha), alpha.shape).astype(alpha.dtype)
+
+
+@lowers(aten._standard_gamma_grad.default)
+def standard_gamma_grad(alpha, sample):
+    """d sample / d alpha of a Gamma(alpha, 1) draw (implicit reparameterisation: Gamma/Beta/Dirichlet rsample)."""
+    return lax.random_gamma_grad(_wide(alpha), _wide(sample)).astype(alpha.dtype)
+
+
+@lowers(aten._sample_dirichlet.default, rng=True)
+def sample_dirichlet(alpha, generator=None, *, key):
+    # Normalised Gamma draws along the last dimension, as PyTorch does.
+    gammas = jax.random.gamma(key, _wide(alpha), alpha.shape)
+    return (gammas / jnp.sum(gammas, axis=-1, keepdims=True)).astype(alpha.dtype)

@@ -1,4 +1,6 @@
-"""Reductions and scans: sum, mean, prod, max/min, arg-max/min, var/std, any/all, cumsum, norms.
+"""Reductions and scans: sum, mean, prod, max/min, arg-max/min, var/std, any/all, norms,
+cumulative scans (cumsum/cumprod/cummax/cummin/logcumsumexp) and order statistics
+(median, kthvalue, mode). Histograms are in histogram.py.
 
 NOTE(torch-vs-xla): PyTorch accumulates float16/bfloat16 reductions in
 float32 and integer/bool sums in int64; we do the same explicitly.
@@ -7,6 +9,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from torch_tpu.ops.registry import aten, lowers
@@ -203,6 +206,229 @@ def linalg_vector_norm(x, ord=2, dim=None, keepdim=False, dtype=None):
     return jnp.sum(a**ord, axis=axes, keepdims=keepdim) ** (1.0 / ord)
 
 
+@lowers(aten.hash_tensor.default)
+def hash_tensor(x, dim=(), keepdim=False, mode=0):
+    """PyTorch's mode 0: XOR of the elements' 64-bit patterns (floats widened to float64, ints to int64)."""
+    if mode != 0:
+        raise NotImplementedError(f"hash_tensor: mode {mode}")
+    if jnp.issubdtype(x.dtype, jnp.floating):
+        wide = x.astype(jnp.float64)
+    elif x.dtype == jnp.bool_ or jnp.issubdtype(x.dtype, jnp.unsignedinteger):
+        wide = x.astype(jnp.uint64)
+    else:
+        wide = x.astype(jnp.int64)
+    bits = lax.bitcast_convert_type(wide, jnp.uint64)
+    axes = tuple(range(x.ndim)) if _axes(x, dim) is None else _axes(x, dim)
+    out = lax.reduce(bits, np.uint64(0), lax.bitwise_xor, axes)
+    if keepdim:
+        out = jnp.expand_dims(out, axes)
+    return out
+
+
 @lowers(aten.count_nonzero.dim_IntList)
 def count_nonzero(x, dim):
     return jnp.sum(x != 0, axis=_axes(x, dim)).astype(jnp.int64)
+
+
+# ---------------------------------------------------------------- scans
+def _scan_select(x, dim, later_wins):
+    """Running (value, index) where a later element replaces the current one if `later_wins(new, current)`."""
+    if x.ndim == 0:
+        return x, jnp.zeros((), jnp.int64)
+    dim = dim % x.ndim
+    index = lax.broadcasted_iota(jnp.int64, x.shape, dim)
+
+    def combine(a, b):
+        take = later_wins(b[0], a[0])
+        return jnp.where(take, b[0], a[0]), jnp.where(take, b[1], a[1])
+
+    return lax.associative_scan(combine, (x, index), axis=dim)
+
+
+def _isnan(v):
+    return jnp.isnan(v) if jnp.issubdtype(v.dtype, jnp.inexact) else jnp.zeros(v.shape, jnp.bool_)
+
+
+@lowers(aten.cummax.default)
+def cummax(x, dim):
+    # PyTorch: ties take the later index; a NaN sticks (a later NaN takes over).
+    return _scan_select(x, dim, lambda new, cur: (new >= cur) | _isnan(new))
+
+
+@lowers(aten.cummin.default)
+def cummin(x, dim):
+    return _scan_select(x, dim, lambda new, cur: (new <= cur) | _isnan(new))
+
+
+@lowers(aten._logcumsumexp.default)
+def logcumsumexp(x, dim):
+    if x.ndim == 0:
+        return x
+    a = _acc(x) if jnp.issubdtype(x.dtype, jnp.floating) else x
+    return lax.cumlogsumexp(a, axis=dim % x.ndim).astype(x.dtype)
+
+
+# ---------------------------------------------------------------- order statistics
+def _sorted_along(x, dim):
+    """(sorted values, their original indices) along `dim`, NaN last, stable."""
+    order = jnp.argsort(x, axis=dim, stable=True)
+    return jnp.take_along_axis(x, order, axis=dim), order.astype(jnp.int64)
+
+
+def _pick(values, order, position, dim, keepdim):
+    position = jnp.expand_dims(position, dim)
+    v = jnp.take_along_axis(values, position, axis=dim)
+    i = jnp.take_along_axis(order, position, axis=dim)
+    return (v, i) if keepdim else (jnp.squeeze(v, dim), jnp.squeeze(i, dim))
+
+
+def _median(x, dim, keepdim, ignore_nan):
+    """PyTorch's median: the lower of the two middle values, with its index."""
+    if x.ndim == 0:
+        return x, jnp.zeros((), jnp.int64)
+    dim = dim % x.ndim
+    values, order = _sorted_along(x, dim)
+    nan = _isnan(x)
+    n = x.shape[dim]
+    if ignore_nan:
+        count = jnp.sum(~nan, axis=dim)
+        position = jnp.maximum((count - 1) // 2, 0)
+        return _pick(values, order, position, dim, keepdim)
+    v, i = _pick(values, order, jnp.full(values.shape[:dim] + values.shape[dim + 1:], (n - 1) // 2), dim, keepdim)
+    # NOTE(torch-vs-xla): a row holding NaN has median NaN at the index of its first NaN.
+    has_nan = jnp.any(nan, axis=dim, keepdims=keepdim)
+    first_nan = jnp.argmax(nan, axis=dim, keepdims=keepdim).astype(jnp.int64)
+    return jnp.where(has_nan, jnp.asarray(jnp.nan, x.dtype) if jnp.issubdtype(x.dtype, jnp.inexact) else v, v), \
+        jnp.where(has_nan, first_nan, i)
+
+
+@lowers(aten.median.dim)
+def median_dim(x, dim, keepdim=False):
+    return _median(x, dim, keepdim, ignore_nan=False)
+
+
+@lowers(aten.nanmedian.dim)
+def nanmedian_dim(x, dim, keepdim=False):
+    return _median(x, dim, keepdim, ignore_nan=True)
+
+
+@lowers(aten.median.default)
+def median_all(x):
+    return _median(x.reshape(-1), 0, False, ignore_nan=False)[0]
+
+
+@lowers(aten.nanmedian.default)
+def nanmedian_all(x):
+    return _median(x.reshape(-1), 0, False, ignore_nan=True)[0]
+
+
+@lowers(aten.kthvalue.default)
+def kthvalue(x, k, dim=-1, keepdim=False):
+    if x.ndim == 0:
+        return x, jnp.zeros((), jnp.int64)
+    dim = dim % x.ndim
+    values, order = _sorted_along(x, dim)
+    return _pick(values, order, jnp.full(values.shape[:dim] + values.shape[dim + 1:], k - 1), dim, keepdim)
+
+
+@lowers(aten.mode.default)
+def mode(x, dim=-1, keepdim=False):
+    """The most frequent value (the smallest among equally frequent ones) and its last index."""
+    if x.ndim == 0:
+        return x, jnp.zeros((), jnp.int64)
+    dim = dim % x.ndim
+    moved = jnp.moveaxis(x, dim, -1)
+    values, order = _sorted_along(moved, -1)
+    starts = jnp.concatenate([jnp.ones(values.shape[:-1] + (1,), jnp.bool_), values[..., 1:] != values[..., :-1]], -1)
+    run_id = jnp.cumsum(starts, axis=-1) - 1
+    position = lax.broadcasted_iota(jnp.int64, values.shape, values.ndim - 1)
+    run_start = jnp.take_along_axis(
+        lax.cummax(jnp.where(starts, position, 0), axis=values.ndim - 1), position, axis=-1)
+    run_length = position - run_start + 1  # length of the run so far, at each element
+    # The end of the longest run (first such run: smallest value); ties within a value pick its largest index.
+    best_end = jnp.argmax(run_length, axis=-1)
+    best_run = jnp.take_along_axis(run_id, best_end[..., None], axis=-1)
+    in_run = run_id == best_run
+    value = jnp.take_along_axis(values, best_end[..., None], axis=-1)[..., 0]
+    index = jnp.max(jnp.where(in_run, order, -1), axis=-1)
+    if keepdim:
+        value, index = jnp.expand_dims(value, dim), jnp.expand_dims(index, dim)
+    return value, index.astype(jnp.int64)
+
+
+# ---------------------------------------------------------------- segment reductions
+def _segment_ids(lengths, offsets, n):
+    """(segment id of each position along the reduced axis, lengths): both batch + (...)."""
+    if lengths is None:
+        lengths = offsets[..., 1:] - offsets[..., :-1]
+    ends = jnp.cumsum(lengths, axis=-1)
+    position = jnp.arange(n)
+    if ends.ndim == 1:
+        ids = jnp.searchsorted(ends, position, side="right")
+    else:
+        rows = ends.reshape(-1, ends.shape[-1])
+        ids = jax.vmap(lambda e: jnp.searchsorted(e, position, side="right"))(rows).reshape(ends.shape[:-1] + (n,))
+    return ids, lengths
+
+
+def _segment_index(ids, axis):
+    """An index tuple addressing [batch..., ids] (batch dims are the ones before `axis`)."""
+    batch = ids.shape[:-1]
+    grids = [lax.broadcasted_iota(jnp.int64, ids.shape, d) for d in range(len(batch))]
+    return tuple(grids) + (ids,)
+
+
+@lowers(aten.segment_reduce.default, static_scalars=True)
+def segment_reduce(data, reduce, lengths=None, indices=None, offsets=None, axis=0, unsafe=False, initial=None):
+    axis = axis % data.ndim
+    ids, lengths = _segment_ids(lengths, offsets, data.shape[axis])
+    segments = lengths.shape[-1]
+    shape = data.shape[:axis] + (segments,) + data.shape[axis + 1:]
+    where = _segment_index(ids, axis)
+    count = jnp.zeros(lengths.shape, data.dtype).at[where].add(1)
+    count = count.reshape(count.shape + (1,) * (data.ndim - axis - 1))
+    floating = jnp.issubdtype(data.dtype, jnp.floating)
+    if reduce in ("sum", "mean"):
+        start = jnp.zeros(shape, data.dtype) if initial is None else jnp.full(shape, initial, data.dtype)
+        total = start.at[where].add(data)
+        if reduce == "sum":
+            return total
+        mean = total / jnp.where(count == 0, 1, count)
+        empty = jnp.nan if initial is None else initial
+        return jnp.where(count == 0, jnp.asarray(empty, data.dtype), mean)
+    if reduce == "prod":
+        start = jnp.ones(shape, data.dtype) if initial is None else jnp.full(shape, initial, data.dtype)
+        return start.at[where].multiply(data)
+    lowest = -jnp.inf if floating else jnp.iinfo(data.dtype).min
+    highest = jnp.inf if floating else jnp.iinfo(data.dtype).max
+    if reduce == "max":
+        return jnp.full(shape, lowest if initial is None else initial, data.dtype).at[where].max(data)
+    if reduce == "min":
+        return jnp.full(shape, highest if initial is None else initial, data.dtype).at[where].min(data)
+    raise NotImplementedError(f"segment_reduce: reduce={reduce!r}")
+
+
+@lowers(aten._segment_reduce_backward.default, static_scalars=True)
+def segment_reduce_backward(grad, output, data, reduce, lengths=None, offsets=None, axis=0, initial=None):
+    axis = axis % data.ndim
+    ids, lengths = _segment_ids(lengths, offsets, data.shape[axis])
+    where = _segment_index(ids, axis)
+    g = grad[where]
+    out = output[where]
+    if reduce == "sum":
+        return g
+    trailing = (1,) * (data.ndim - axis - 1)
+    if reduce == "mean":
+        count = jnp.maximum(lengths, 1).astype(data.dtype)
+        return g / count[where].reshape(ids.shape + trailing)
+    if reduce in ("max", "min"):
+        hit = data == out
+        ties = jnp.zeros(output.shape, data.dtype).at[where].add(hit.astype(data.dtype))[where]
+        return jnp.where(hit, g / jnp.where(ties == 0, 1, ties), 0)
+    if reduce == "prod":
+        zero = data == 0
+        zeros = jnp.zeros(output.shape, jnp.int64).at[where].add(zero.astype(jnp.int64))[where]
+        start = jnp.ones(output.shape, data.dtype) if initial is None else jnp.full(output.shape, initial, data.dtype)
+        others = start.at[where].multiply(jnp.where(zero, 1, data))[where]  # product of the non-zeros
+        return jnp.where(zero, jnp.where(zeros == 1, g * others, 0), g * out / jnp.where(zero, 1, data))
+    raise NotImplementedError(f"segment_reduce backward: reduce={reduce!r}")

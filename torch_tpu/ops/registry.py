@@ -84,6 +84,44 @@ def lower_table(table: dict, **options) -> None:
         register(op, fn, **options)
 
 
+# ---------------------------------------------------------------- torch-level kernels
+# An op that cannot be one program (its result shape depends on values: nonzero,
+# masked_select, unique...) gets a kernel on torch tensors instead: it runs tpu ops,
+# reads a size (one synchronisation), then runs a static-size op (ops/dynamic.py).
+# A preparation rewrites an op's arguments before its lowered kernel runs (e.g.
+# boolean masks -> index tensors). Both are registered like lowerings: once per op.
+_KERNELS: dict = {}
+_PREPARE: dict = {}
+
+
+def _add_once(table: dict, ops, fn):
+    for op in ops:
+        if not isinstance(op, torch._ops.OpOverload):
+            raise TypeError(f"kernels register OpOverloads, got {op!r}")
+        if op in table:
+            raise RuntimeError(f"{op} is already registered")
+        table[op] = fn
+    return fn
+
+
+def kernel(*ops):
+    """Decorator: a torch-level tpu kernel `fn(*args, **kwargs)` for ops with value-dependent shapes."""
+    return lambda fn: _add_once(_KERNELS, ops, fn)
+
+
+def prepare(*ops):
+    """Decorator: `fn(*args, **kwargs) -> (args, kwargs)` runs before these ops' lowered kernels."""
+    return lambda fn: _add_once(_PREPARE, ops, fn)
+
+
+def kernels() -> dict:
+    return dict(_KERNELS)
+
+
+def preparation(op) -> Callable | None:
+    return _PREPARE.get(op)
+
+
 def get(op) -> Lowering | None:
     return _TABLE.get(op)
 

@@ -1,0 +1,601 @@
+"""The OpInfo sweep engine: run PyTorch's `op_db` samples on tpu and on CPU, classify each entry.
+
+Used by tests/test_opinfo.py (the sweep tests, the ratchet and docs/op-coverage.md)
+and runnable alone for debugging one op:
+
+    python tests/opinfo_sweep.py --mode float32 --op cumprod -v
+
+Each entry of `op_db` is run in each mode on its first `SAMPLES` sample inputs:
+  float32           forward, float32 samples
+  float32_backward  input gradients of float32 samples (entries that support autograd)
+  bfloat16          forward, bfloat16 samples
+with TORCH_TPU_FALLBACK=error semantics, so a CPU fallback raises and the entry
+is classified "fallback" instead of silently running on the CPU. Results:
+  pass      every sample matched CPU within tolerance, natively
+  mismatch  a sample's values (or dtype/shape) differ from CPU
+  error     the tpu run raised (not a fallback)
+  fallback  an ATen op has no lowering and no decomposition
+  skip      declared in SKIP (with a reason)
+  n/a       PyTorch's CPU rejects every sample: no reference (not counted)
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import pathlib
+import re
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+
+import torch
+from torch.utils import _pytree as pytree
+
+SAMPLES = 3
+SAMPLES_BY_MODE = {"float32_variants": 1}  # the heavy sweep's samples per entry (default SAMPLES)
+
+MODES = {  # mode -> (dtype, backward)
+    "float32": (torch.float32, False),
+    "float32_backward": (torch.float32, True),
+    "bfloat16": (torch.bfloat16, False),
+    "float32_variants": (torch.float32, False),  # in-place (also on a strided view) and out= variants
+}
+
+DEFAULT_TOL = {
+    "float32": (1e-4, 1e-4),
+    "float32_variants": (1e-4, 1e-4),
+    "float32_backward": (1e-4, 1e-4),
+    # One bfloat16 ulp is 2**-8 relative (0.39%); rounding order differs from PyTorch's CPU kernels.
+    "bfloat16": (1e-2, 1.6e-2),
+}
+
+_FALLBACK_RE = re.compile(r"The operator '([^']+)' is not implemented for the 'tpu' device")
+
+
+@dataclass
+class Outcome:
+    status: str  # pass / mismatch / error / fallback / skip / n/a
+    reason: str = ""
+    samples: int = 0
+    seconds: float = 0.0
+    fallback_ops: list = field(default_factory=list)
+
+
+def entry_name(op) -> str:
+    return op.name + ("." + op.variant_test_name if op.variant_test_name else "")
+
+
+def eligible(op, mode: str) -> bool:
+    """Whether `op` takes part in `mode` (PyTorch's own CPU dtype support decides)."""
+    dtype, backward = MODES[mode]
+    if backward:
+        return op.supports_autograd and dtype in op.supported_backward_dtypes("cpu")
+    if mode == "float32_variants" and op.inplace_variant is None and not op.supports_out:
+        return False
+    return dtype in op.supported_dtypes("cpu")
+
+
+def _call(op, sample):
+    return op(sample.input, *sample.args, **sample.kwargs)
+
+
+def _inputs_requiring_grad(sample):
+    leaves = pytree.tree_leaves((sample.input, sample.args, sample.kwargs))
+    return [t for t in leaves if isinstance(t, torch.Tensor) and t.requires_grad]
+
+
+def _differentiable(out):
+    return [
+        t for t in pytree.tree_leaves(out)
+        if isinstance(t, torch.Tensor) and t.requires_grad and (t.is_floating_point() or t.is_complex())
+    ]
+
+
+def _grads(op, sample, cotangents_cpu):
+    """Input gradients of the sample's differentiable outputs against fixed cotangents."""
+    out = sample.output_process_fn_grad(_call(op, sample))
+    outs = _differentiable(out)
+    inputs = _inputs_requiring_grad(sample)
+    if not outs or not inputs:
+        return None
+    device = outs[0].device
+    cotangents = [c.to(device) for c in cotangents_cpu(outs)]
+    return list(torch.autograd.grad(outs, inputs, cotangents, allow_unused=True))
+
+
+def _make_cotangents(seed):
+    cache = {}
+
+    def make(outs):
+        if "values" not in cache:
+            g = torch.Generator().manual_seed(seed)
+            cache["values"] = [
+                torch.randn(o.shape, dtype=o.dtype, generator=g) if o.numel() else torch.empty(o.shape, dtype=o.dtype)
+                for o in outs
+            ]
+        return cache["values"]
+
+    return make
+
+
+class Mismatch(AssertionError):
+    pass
+
+
+def compare(actual, expected, atol, rtol, metadata_only=False):
+    """Raise Mismatch unless `actual` (from tpu) equals `expected` (from CPU)."""
+    a_leaves, a_spec = pytree.tree_flatten(actual)
+    e_leaves, e_spec = pytree.tree_flatten(expected)
+    if a_spec != e_spec:
+        raise Mismatch(f"result structure differs: {a_spec} vs {e_spec}")
+    for i, (a, e) in enumerate(zip(a_leaves, e_leaves)):
+        where = f"result {i}" if len(e_leaves) > 1 else "result"
+        if isinstance(e, torch.Tensor):
+            if not isinstance(a, torch.Tensor):
+                raise Mismatch(f"{where}: got {type(a).__name__}, expected a Tensor")
+            if a.device.type != "tpu" and e.device.type == "cpu":
+                raise Mismatch(f"{where}: on {a.device}, expected tpu")
+            if a.dtype != e.dtype:
+                raise Mismatch(f"{where}: dtype {a.dtype}, expected {e.dtype}")
+            if a.shape != e.shape:
+                raise Mismatch(f"{where}: shape {tuple(a.shape)}, expected {tuple(e.shape)}")
+            if metadata_only:
+                continue
+            a_cpu = a.detach().cpu()
+            e = e.detach()
+            if e.layout != torch.strided:
+                e = e.to_dense()
+            if e.dtype == torch.bool or not (e.is_floating_point() or e.is_complex()):
+                if not torch.equal(a_cpu, e):
+                    bad = (a_cpu != e).sum().item()
+                    raise Mismatch(f"{where}: {bad} of {e.numel()} elements differ (exact dtype {e.dtype})")
+                continue
+            try:
+                torch.testing.assert_close(a_cpu, e, atol=atol, rtol=rtol, equal_nan=True, check_device=False)
+            except AssertionError as err:
+                raise Mismatch(f"{where}: " + _short(str(err))) from None
+        elif isinstance(e, float) and isinstance(a, float):
+            if not (math.isclose(a, e, rel_tol=rtol, abs_tol=atol) or (math.isnan(a) and math.isnan(e))):
+                raise Mismatch(f"{where}: {a} != {e}")
+        elif a != e and not metadata_only:
+            raise Mismatch(f"{where}: {a!r} != {e!r}")
+
+
+def _short(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    keep = [line for line in lines if line.startswith(("Mismatched", "Greatest absolute", "Greatest relative"))]
+    return "; ".join(keep or lines[:2])[:300]
+
+
+def _error_reason(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    first = text[0] if text else ""
+    return f"{type(err).__name__}: {first}"[:300]
+
+
+def run_entry(op, mode: str, samples: int = SAMPLES, tol=None, metadata_only=False, samples_on_tpu=False,
+              canonical=None, verbose=False) -> Outcome:
+    """Run one op_db entry in one mode on tpu and CPU; classify it.
+
+    Samples are made on the CPU (fast) and copied to tpu, with a `device=`
+    argument turned into "tpu" (factories). With `samples_on_tpu` they are
+    made on tpu and copied to the CPU instead, like PyTorch's own
+    `test_compare_cpu` does with CUDA (for ops that take CPU tensor arguments).
+    `canonical(sample, result)`, if given, maps both results to a form that is
+    defined uniquely (e.g. sort indices -> the values they select) before comparing.
+    """
+    from torch_tpu.config import config
+
+    dtype, backward = MODES[mode]
+    atol, rtol = tol or DEFAULT_TOL[mode]
+    start = time.perf_counter()
+    torch.manual_seed(0)
+    where = "tpu" if samples_on_tpu else "cpu"
+    try:
+        sample_list = list(itertools.islice(op.sample_inputs(where, dtype, requires_grad=backward), samples))
+    except Exception as err:
+        if verbose:
+            traceback.print_exc()
+        return _done(start, Outcome("error" if samples_on_tpu else "n/a", f"making samples on {where}: {_error_reason(err)}"))
+    previous = config.fallback
+    config.fallback = "error"
+    ran = 0
+    try:
+        for index, sample in enumerate(sample_list):
+            if verbose:
+                print(f"  sample {index}: {_describe(sample)}")
+            cotangents = _make_cotangents(index)
+            try:
+                cpu_sample = _copied(sample, "cpu", where)
+                if backward:
+                    expected = _grads(op, cpu_sample, cotangents)
+                    if expected is None:
+                        continue
+                else:
+                    expected = sample.output_process_fn_grad(_call(op, cpu_sample))
+                    if canonical is not None:
+                        expected = canonical(cpu_sample, expected)
+            except Exception as err:  # CPU rejects this sample: it does not count
+                if verbose:
+                    print(f"    CPU raised {_error_reason(err)}")
+                continue
+            if mode == "float32_variants":
+                try:
+                    _check_variants(op, sample, cpu_sample, _copied(sample, "tpu", where), atol, rtol, metadata_only,
+                                    canonical)
+                except Mismatch as err:
+                    return _done(start, Outcome("mismatch", f"sample {index}: {err}", ran))
+                except _CpuRejects:
+                    continue
+                except Exception as err:
+                    match = _FALLBACK_RE.search(str(err))
+                    if isinstance(err, NotImplementedError) and match:
+                        return _done(start, Outcome("fallback", f"no lowering: {match.group(1)}", ran,
+                                                    fallback_ops=[match.group(1)]))
+                    if verbose:
+                        traceback.print_exc()
+                    return _done(start, Outcome("error", f"sample {index}: {_error_reason(err)}", ran))
+                ran += 1
+                continue
+            try:
+                tpu_sample = _copied(sample, "tpu", where)
+                if backward:
+                    actual = _grads(op, tpu_sample, cotangents)
+                    if actual is None:
+                        return _done(start, Outcome("error", f"sample {index}: no differentiable tpu outputs", ran))
+                else:
+                    actual = sample.output_process_fn_grad(_call(op, tpu_sample))
+                    if canonical is not None:
+                        actual = canonical(tpu_sample, actual)
+                compare(actual, expected, atol, rtol, metadata_only)
+            except Mismatch as err:
+                return _done(start, Outcome("mismatch", f"sample {index}: {err}", ran))
+            except Exception as err:
+                match = _FALLBACK_RE.search(str(err))
+                if isinstance(err, NotImplementedError) and match:
+                    return _done(start, Outcome("fallback", f"no lowering: {match.group(1)}", ran,
+                                                fallback_ops=[match.group(1)]))
+                if verbose:
+                    traceback.print_exc()
+                return _done(start, Outcome("error", f"sample {index}: {_error_reason(err)}", ran))
+            ran += 1
+    finally:
+        config.fallback = previous
+    if ran == 0:
+        return _done(start, Outcome("n/a", "CPU rejects every sample (or no sample has differentiable outputs)", 0))
+    return _done(start, Outcome("pass", "", ran))
+
+
+class _CpuRejects(Exception):
+    pass
+
+
+def _strided_copy(t: torch.Tensor, device) -> torch.Tensor:
+    """t's value on `device` in a transposed layout (a view with non-contiguous strides), if t has 2+ dims."""
+    if t.dim() < 2:
+        return t.detach().clone().to(device)
+    return t.detach().transpose(0, 1).contiguous().to(device).transpose(0, 1)
+
+
+def _check_variants(op, sample, cpu_sample, tpu_sample, atol, rtol, metadata_only=False, canonical=None):
+    """In-place (dense and strided self) and out= variants on tpu match CPU and alias like CPU's."""
+    checked = False
+    post = sample.output_process_fn_grad
+    inplace = op.inplace_variant
+    if inplace is not None and not sample.broadcasts_input and isinstance(sample.input, torch.Tensor):
+        for layout in ("dense", "strided"):
+            make = (lambda t, device: t.detach().clone().to(device)) if layout == "dense" else _strided_copy
+            try:
+                expected = make(cpu_sample.input, "cpu")
+                inplace(expected, *cpu_sample.args, **cpu_sample.kwargs)
+            except Exception:
+                continue
+            self = make(cpu_sample.input, "tpu")
+            returned = inplace(self, *tpu_sample.args, **tpu_sample.kwargs)
+            if returned is not self:
+                raise Mismatch(f"in-place ({layout}) returned a new tensor, not self")
+            try:
+                compare(self, expected, atol, rtol, metadata_only)
+            except Mismatch as err:
+                raise Mismatch(f"in-place ({layout} self): {err}") from None
+            checked = True
+    if op.supports_out:
+        try:
+            expected = op(cpu_sample.input, *cpu_sample.args, **cpu_sample.kwargs)
+            leaves = pytree.tree_leaves(expected)
+            if not leaves or not all(isinstance(t, torch.Tensor) for t in leaves):
+                raise _CpuRejects
+            cpu_outs = [torch.empty(0, dtype=t.dtype) for t in leaves]
+            cpu_returned = op(cpu_sample.input, *cpu_sample.args,
+                              out=cpu_outs[0] if len(cpu_outs) == 1 else tuple(cpu_outs), **cpu_sample.kwargs)
+            aliases = [r is o for r, o in zip(pytree.tree_leaves(cpu_returned), cpu_outs)]
+        except Exception:
+            expected = None
+        if expected is not None:
+            outs = [torch.empty(0, dtype=t.dtype, device="tpu") for t in leaves]
+            out = outs[0] if len(outs) == 1 else tuple(outs)
+            returned = op(tpu_sample.input, *tpu_sample.args, out=out, **tpu_sample.kwargs)
+            for r, o, alias in zip(pytree.tree_leaves(returned), outs, aliases):
+                if alias and r is not o:
+                    raise Mismatch("out= returned a tensor that is not the out argument")
+            got = outs[0] if len(outs) == 1 else type(expected)(outs) if isinstance(expected, tuple) else outs
+            got, expected = post(got), post(expected)
+            if canonical is not None:
+                got, expected = canonical(tpu_sample, got), canonical(cpu_sample, expected)
+            try:
+                compare(got, expected, atol, rtol, metadata_only)
+            except Mismatch as err:
+                raise Mismatch(f"out=: {err}") from None
+            checked = True
+    if not checked:
+        raise _CpuRejects
+
+
+def _describe(sample) -> str:
+    def d(x):
+        if isinstance(x, torch.Tensor):
+            return f"T{tuple(x.shape)}:{str(x.dtype)[6:]}{'' if x.is_contiguous() else ':nc'}@{x.device.type}"
+        return repr(x)
+
+    leaves = pytree.tree_map(d, (sample.input, sample.args, sample.kwargs))
+    return str(leaves)[:300]
+
+
+def _done(start, outcome: Outcome) -> Outcome:
+    outcome.seconds = time.perf_counter() - start
+    return outcome
+
+
+def _copied(sample, device: str, made_on: str):
+    """The sample with its tensors copied, those on `made_on` to `device` (requires_grad kept).
+
+    Tensors on another device stay there (a CPU index tensor in a tpu sample); `device=` arguments follow.
+    """
+
+    def copy(x):
+        if not isinstance(x, torch.Tensor):
+            return x
+        y = x.detach().to(device) if x.device.type == made_on and device != made_on else x.detach().clone()
+        return y.requires_grad_(x.requires_grad) if x.requires_grad else y
+
+    out = sample.transform(copy)
+    if device != made_on and "device" in out.kwargs:
+        value = out.kwargs["device"]
+        if value is not None and torch.device(value).type == made_on:
+            out.kwargs["device"] = device
+    return out
+
+
+def op_db():
+    from torch.testing._internal.common_methods_invocations import op_db as db
+
+    return db
+
+
+# ---------------------------------------------------------------- whole-mode runs
+def _tol_for(tol: dict, name: str, mode: str):
+    return tol.get((name, mode)) or tol.get(name)
+
+
+def run_mode(mode: str, samples: int = SAMPLES, skip=None, xfail=None, tol=None, metadata_only=None,
+             samples_on_tpu=(), canonical=None, names=None, verbose=False, progress=None) -> dict:
+    """{entry name: Outcome} for every op_db entry eligible in `mode`.
+
+    Tables (name -> value; xfail and tol also take (name, mode) keys): skip and xfail
+    reasons, tol (atol, rtol), metadata_only reasons, samples_on_tpu names, canonical
+    (reason, fn(sample, result)).
+    """
+    import torch_tpu  # noqa: F401  (registers the device)
+
+    skip, xfail, tol, metadata_only = skip or {}, xfail or {}, tol or {}, metadata_only or {}
+    canonical = canonical or {}
+    results = {}
+    for op in op_db():
+        name = entry_name(op)
+        if names and name not in names and op.name not in names:
+            continue
+        if not eligible(op, mode):
+            continue
+        if name in skip:
+            results[name] = Outcome("skip", skip[name])
+            continue
+        outcome = run_entry(op, mode, samples, tol=_tol_for(tol, name, mode),
+                            metadata_only=name in metadata_only, samples_on_tpu=name in samples_on_tpu,
+                            canonical=canonical[name][1] if name in canonical else None, verbose=verbose)
+        expected_failure = _tol_for(xfail, name, mode)
+        if outcome.status == "pass" and name in metadata_only:
+            outcome.reason = metadata_only[name]
+        elif outcome.status == "pass" and name in canonical:
+            outcome.reason = canonical[name][0]
+        elif outcome.status != "pass" and expected_failure:
+            outcome.reason = f"XFAIL ({expected_failure}): {outcome.reason}"
+        results[name] = outcome
+        if progress:
+            progress(name, outcome)
+    return results
+
+
+STATUSES = ("pass", "mismatch", "error", "fallback", "skip", "n/a")
+
+
+def stats(results: dict) -> dict:
+    counts = {status: 0 for status in STATUSES}
+    for outcome in results.values():
+        counts[outcome.status] += 1
+    counts["eligible"] = sum(counts[s] for s in STATUSES if s != "n/a")
+    counts["seconds"] = sum(o.seconds for o in results.values())
+    return counts
+
+
+TARGETS = {"float32": 0.95, "float32_backward": 0.90, "bfloat16": 0.90, "float32_variants": 0.90}
+
+
+def summary_line(mode: str, results: dict) -> str:
+    c = stats(results)
+    share = c["pass"] / c["eligible"] if c["eligible"] else 0.0
+    return (f"OpInfo {mode}: {c['pass']} of {c['eligible']} entries pass natively ({100 * share:.1f}%); "
+            f"mismatch {c['mismatch']}, error {c['error']}, fallback {c['fallback']}, skip {c['skip']}, "
+            f"n/a {c['n/a']} ({c['seconds']:.0f} s)")
+
+
+# ---------------------------------------------------------------- docs and ratchet
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+DOC = ROOT / "docs" / "op-coverage.md"
+DOC_JSON = ROOT / "docs" / "op-coverage.json"
+BASELINE = ROOT / "tests" / "op_coverage_baseline.json"
+
+
+def _load(path: pathlib.Path) -> dict:
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def write_docs(mode: str, results: dict, samples: int = SAMPLES) -> None:
+    """Record `mode`'s results in docs/op-coverage.json and regenerate docs/op-coverage.md."""
+    import jax
+
+    data = _load(DOC_JSON)
+    data.setdefault("modes", {})[mode] = {
+        "samples": samples,
+        "results": {name: [o.status, o.reason] for name, o in sorted(results.items())},
+    }
+    data["versions"] = {"torch": torch.__version__, "jax": jax.__version__,
+                        "platform": __import__("torch_tpu").runtime.platform.get().platform}
+    DOC_JSON.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    DOC.write_text(render(data))
+
+
+def render(data: dict) -> str:
+    modes = [m for m in MODES if m in data.get("modes", {})]
+    v = data.get("versions", {})
+    lines = [
+        "# Operator coverage (generated)",
+        "",
+        "Generated by `tests/test_opinfo.py` (`make test-heavy`) from PyTorch's OpInfo `op_db`; do not edit.",
+        f"torch {v.get('torch')}, jax {v.get('jax')}, XLA platform `{v.get('platform')}`; the first samples of "
+        "each entry (count per mode below); every run uses `TORCH_TPU_FALLBACK=error` semantics, so an op",
+        "that would fall back to the CPU is counted as `fallback`, never as a pass. How the sweep works and how to",
+        "raise the ratchet: [ops.md](ops.md).",
+        "",
+        "- **pass**: every sample matches PyTorch's CPU result natively (float32 atol=rtol=1e-4; "
+        "bfloat16 atol=1e-2, rtol=1.6e-2; per-entry `TOL` in the test). `float32_variants`: the in-place variant "
+        "(on a dense and on a transposed-strided self) and the `out=` variant match and alias like CPU's.",
+        "- **mismatch**: a result differs in value, dtype or shape. **error**: the tpu run raised. "
+        "**fallback**: an ATen op has no lowering and no decomposition (named).",
+        "- **skip**: declared in the test's `SKIP` table with a reason. **n/a**: PyTorch's CPU rejects every sample "
+        "(no reference); not counted.",
+        "- Entries with random or uninitialised values compare dtype, shape and device only (marked in the reason).",
+        "",
+        "## Summary",
+        "",
+        "| mode | samples | eligible | native pass | % | target | mismatch | error | fallback | skip | n/a |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    per_mode = {}
+    for mode in modes:
+        results = {n: Outcome(s, r) for n, (s, r) in data["modes"][mode]["results"].items()}
+        per_mode[mode] = results
+        c = stats(results)
+        share = 100 * c["pass"] / c["eligible"] if c["eligible"] else 0
+        lines.append(f"| {mode} | {data['modes'][mode]['samples']} | {c['eligible']} | {c['pass']} | {share:.1f}% | "
+                     f"{100 * TARGETS[mode]:.0f}% | "
+                     f"{c['mismatch']} | {c['error']} | {c['fallback']} | {c['skip']} | {c['n/a']} |")
+    fallback_ops: dict = {}
+    for mode, results in per_mode.items():
+        for name, o in results.items():
+            if o.status == "fallback":
+                fallback_ops.setdefault(o.reason.split(": ", 1)[-1], set()).add(name)
+    lines += ["", "## ATen ops still falling back", ""]
+    if fallback_ops:
+        lines += ["| ATen op | entries |", "| --- | --- |"]
+        for aten_op, names in sorted(fallback_ops.items()):
+            lines.append(f"| `{aten_op}` | {', '.join(sorted(names))} |")
+    else:
+        lines.append("None.")
+    lines += ["", "## Per entry", "", "| entry | " + " | ".join(modes) + " | reason |",
+              "| --- | " + " | ".join("---" for _ in modes) + " | --- |"]
+    names = sorted({n for r in per_mode.values() for n in r})
+    for name in names:
+        cells, reasons = [], []
+        for mode in modes:
+            o = per_mode[mode].get(name)
+            cells.append("" if o is None else o.status)
+            if o is not None and o.reason:
+                reasons.append(f"{mode}: {o.reason}")
+        reason = "; ".join(reasons).replace("|", "\\|").replace("\n", " ")
+        lines.append(f"| `{name}` | " + " | ".join(cells) + f" | {reason} |")
+    return "\n".join(lines) + "\n"
+
+
+def passes(results: dict) -> set:
+    return {name for name, o in results.items() if o.status == "pass"}
+
+
+def check_ratchet(mode: str, results: dict, quick: bool = False) -> None:
+    """Fail if an entry in the committed baseline's pass set no longer passes, or the count drops."""
+    baseline = set(_load(BASELINE).get(mode, []))
+    now = passes(results)
+    lost = sorted(n for n in baseline - now if not (quick and results.get(n, Outcome("n/a")).status == "n/a"))
+    if lost:
+        details = "; ".join(f"{n} -> {results[n].status}: {results[n].reason}" if n in results else f"{n} (gone)"
+                            for n in lost)
+        raise AssertionError(f"OpInfo {mode}: {len(lost)} entries regressed below the baseline: {details}")
+    if not quick and len(now) < len(baseline):
+        raise AssertionError(f"OpInfo {mode}: {len(now)} passes < baseline {len(baseline)}")
+    gained = len(now - baseline)
+    if gained and not quick:
+        print(f"OpInfo {mode}: {gained} entries pass beyond the baseline; "
+              "raise it with `python tests/opinfo_sweep.py --accept`")
+
+
+def check_xfail(mode: str, results: dict, xfail: dict) -> None:
+    unexpected = sorted(n for n, o in results.items() if o.status == "pass" and _tol_for(xfail, n, mode))
+    if unexpected:
+        raise AssertionError(f"XFAIL entries now pass (remove them from XFAIL): {', '.join(unexpected)}")
+
+
+def accept() -> None:
+    """Raise the baseline to the pass sets recorded in docs/op-coverage.json (never lowers it)."""
+    data = _load(DOC_JSON)
+    baseline = _load(BASELINE)
+    for mode, section in data.get("modes", {}).items():
+        now = {n for n, (status, _) in section["results"].items() if status == "pass"}
+        old = set(baseline.get(mode, []))
+        if old - now:
+            raise SystemExit(f"{mode}: refusing to drop {sorted(old - now)} from the baseline")
+        baseline[mode] = sorted(now)
+        print(f"{mode}: baseline {len(old)} -> {len(now)} passes")
+    BASELINE.write_text(json.dumps(baseline, indent=1, sort_keys=True) + "\n")
+
+
+def main(argv=None):
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mode", default="float32", choices=list(MODES))
+    parser.add_argument("--op", action="append", help="entry or op name (repeatable); default: all")
+    parser.add_argument("--samples", type=int, default=SAMPLES)
+    parser.add_argument("--only", default=None, help="print only entries with this status")
+    parser.add_argument("--accept", action="store_true", help="raise the baseline to docs/op-coverage.json")
+    parser.add_argument("-v", "--verbose", action="store_true")
+    args = parser.parse_args(argv)
+    if args.accept:
+        accept()
+        return
+    sys.path.insert(0, str(ROOT / "tests"))
+    import test_opinfo as t
+
+    def progress(name, o):
+        if args.only is None or o.status == args.only:
+            print(f"{o.status:9s} {o.seconds:6.2f}s {name:45s} {o.reason}", flush=True)
+
+    results = run_mode(args.mode, args.samples, t.SKIP, t.XFAIL, t.TOL, t.METADATA_ONLY, t.SAMPLES_ON_TPU, t.CANONICAL,
+                       names=args.op,
+                       verbose=args.verbose, progress=progress)
+    print(summary_line(args.mode, results))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,86 @@
+"""torch.linalg on tpu beyond the OpInfo sweep: error reporting, info codes, precision policy, lazy conjugation."""
+import pytest
+import torch
+
+from conftest import assert_matches_cpu
+
+
+def _spd(n=4, batch=()):
+    torch.manual_seed(0)
+    a = torch.randn(*batch, n, n)
+    return a @ a.mT + n * torch.eye(n)
+
+
+@pytest.mark.parametrize("fn, matrix, message", [
+    (torch.linalg.cholesky, torch.tensor([[1.0, 2.0], [2.0, 1.0]]), "leading minor of order 2 is not positive-definite"),
+    (torch.linalg.inv, torch.tensor([[1.0, 2.0], [2.0, 4.0]]), "singular"),
+    (lambda a: torch.linalg.solve(a, torch.ones(2, device=a.device)), torch.tensor([[1.0, 2.0], [2.0, 4.0]]), "singular"),
+])
+def test_failures_raise_pytorchs_errors(fn, matrix, message):
+    """A factorization that fails raises torch.linalg.LinAlgError with PyTorch's message (info is checked)."""
+    with pytest.raises(torch.linalg.LinAlgError, match=message):
+        fn(matrix)
+    with pytest.raises(torch.linalg.LinAlgError, match=message):
+        fn(matrix.to("tpu"))
+
+
+def test_info_codes():
+    """cholesky_ex/inv_ex/lu_factor_ex report info like LAPACK: 0 on success, 1 + the failing index otherwise."""
+    bad = torch.stack([_spd(3), torch.tensor([[1.0, 2.0, 0.0], [2.0, 1.0, 0.0], [0.0, 0.0, 1.0]])])
+    assert torch.linalg.cholesky_ex(bad.to("tpu")).info.cpu().tolist() == torch.linalg.cholesky_ex(bad).info.tolist()
+    singular = torch.tensor([[1.0, 2.0], [2.0, 4.0]])
+    assert torch.linalg.inv_ex(singular.to("tpu")).info.item() == 2
+    assert torch.linalg.lu_factor_ex(singular.to("tpu")).info.item() == 2
+
+
+@pytest.mark.parametrize("fn", [
+    torch.linalg.cholesky, torch.linalg.inv, torch.linalg.det, lambda a: torch.linalg.slogdet(a),
+    lambda a: torch.linalg.eigh(a).eigenvalues, lambda a: torch.linalg.svdvals(a),
+    lambda a: torch.linalg.solve(a, a[..., :1]), lambda a: torch.linalg.qr(a).R.abs(),
+    lambda a: torch.cholesky_solve(a[..., :2], torch.linalg.cholesky(a)),
+])
+def test_factorizations_ignore_the_matmul_precision_policy(fn):
+    """At float32 matmul precision "medium" (bf16 products) factorizations still give float32 accuracy."""
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("medium")
+    try:
+        assert_matches_cpu(fn, _spd(6, (2,)), atol=1e-4, rtol=1e-4)
+    finally:
+        torch.set_float32_matmul_precision(previous)
+
+
+def test_products_follow_the_matmul_precision_policy():
+    """ormqr multiplies by Q: at "medium" it rounds operands to bfloat16 (like every float32 product here)."""
+    torch.manual_seed(0)
+    a, tau = torch.geqrf(torch.randn(16, 16))
+    c = torch.randn(16, 16) * 1000 + 1
+    exact = torch.ormqr(a, tau, c)
+    highest = torch.ormqr(a.to("tpu"), tau.to("tpu"), c.to("tpu")).cpu()
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("medium")
+    try:
+        medium = torch.ormqr(a.to("tpu"), tau.to("tpu"), c.to("tpu")).cpu()
+    finally:
+        torch.set_float32_matmul_precision(previous)
+    torch.testing.assert_close(highest, exact, atol=1e-2, rtol=1e-4)
+    assert (medium - exact).abs().max() > (highest - exact).abs().max()
+
+
+def test_conjugate_views_reach_products_resolved():
+    """Lazily conjugated complex views (x.conj(), x.mH) give the right values in mm/bmm/dot/vdot/copy/clone."""
+    torch.manual_seed(0)
+    a = torch.randn(3, 4, dtype=torch.complex64)
+    b = torch.randn(4, 2, dtype=torch.complex64)
+    v = torch.randn(4, dtype=torch.complex64)
+    for fn in (lambda a, b, v: a.conj() @ b, lambda a, b, v: a.mH.mH @ b.conj(), lambda a, b, v: torch.vdot(v, v.conj()),
+               lambda a, b, v: torch.dot(v.conj(), v), lambda a, b, v: a.conj().clone(),
+               lambda a, b, v: torch.empty(3, 4, dtype=torch.complex64, device=a.device).copy_(a.conj()),
+               lambda a, b, v: a._neg_view().clone(), lambda a, b, v: torch.addmm(a[:, :2], a.conj(), b)):
+        assert_matches_cpu(fn, a, b, v)
+
+
+def test_det_keeps_pytorchs_factor_layout_for_backward():
+    """det's backward (which reuses the forward LU) matches CPU for row- and column-major inputs."""
+    a = torch.randn(5, 5, dtype=torch.float32)
+    assert_matches_cpu(torch.linalg.det, a.requires_grad_(), grads=True, atol=1e-4, rtol=1e-4)
+    assert_matches_cpu(lambda x: torch.linalg.det(x.mT), a, grads=True, atol=1e-4, rtol=1e-4)
