@@ -7,7 +7,7 @@ STAMP := $(VENV)/.torch_tpu-installed
 PINS := torch==2.13.0 jax==0.10.2 jaxlib==0.10.2
 PYTEST_FLAGS ?=
 
-.PHONY: install demo test test-heavy test-all bench clean
+.PHONY: install demo test test-defer test-heavy test-all bench clean
 
 $(STAMP): pyproject.toml setup.py torch_tpu/csrc/native.cpp torch_tpu/csrc/autocast.cpp
 	test -x $(PYTHON) || $(PY) -m venv $(VENV)
@@ -23,13 +23,18 @@ demo: install
 test: install
 	$(PYTHON) -m pytest -q -m "not heavy" $(PYTEST_FLAGS) tests
 
+# The same fast suite with every op recorded and fused (DeferAndFuse, docs/defer.md).
+test-defer: install
+	TORCH_TPU_DEFER_AND_FUSE=1 $(PYTHON) -m pytest -q -m "not heavy" $(PYTEST_FLAGS) tests
+
 test-heavy: install
 	$(PYTHON) -m pytest -q -m heavy $(PYTEST_FLAGS) tests
 
-test-all: test test-heavy
+test-all: test test-defer test-heavy
 
 bench: install
 	$(PYTHON) bench/op_overhead.py
+	$(PYTHON) bench/modes.py
 	$(PYTHON) bench/cold_warm.py
 
 clean:

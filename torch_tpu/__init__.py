@@ -38,8 +38,14 @@ if torch._C._get_privateuse1_backend_name() != "tpu":
     _register_backend()
 
 from torch_tpu import metrics, numerics, precision  # noqa: E402
+from torch_tpu.modes import (  # noqa: E402
+    defer_and_fuse, execution_mode, get_execution_mode, set_defer_options, set_execution_mode,
+)
 from torch_tpu.precision import TpuPerformanceWarning  # noqa: E402
 from torch_tpu.runtime.platform import set_num_cpu_devices  # noqa: E402
 
 
-__all__ = ["metrics", "numerics", "precision", "set_num_cpu_devices", "TpuPerformanceWarning", "__version__"]
+__all__ = [
+    "metrics", "numerics", "precision", "set_num_cpu_devices", "TpuPerformanceWarning", "__version__",
+    "set_execution_mode", "get_execution_mode", "execution_mode", "defer_and_fuse", "set_defer_options",
+]

@@ -37,10 +37,10 @@ def _path(name: str) -> str | None:
     return value or None
 
 
-def _int(name: str) -> int | None:
+def _int(name: str, default: int | None = None) -> int | None:
     value = os.environ.get(name, "").strip()
     if not value:
-        return None
+        return default
     try:
         number = int(value)
     except ValueError:
@@ -70,6 +70,28 @@ class Config:
     cache_max_mb: int | None = field(default_factory=lambda: _int("TORCH_TPU_CACHE_MAX_MB"))
     # Seconds a process waits for another one compiling the same program before compiling it itself.
     cache_lock_timeout: int | None = field(default_factory=lambda: _int("TORCH_TPU_CACHE_LOCK_TIMEOUT"))
+    # DeferAndFuse (docs/defer.md): record ops, run them as fused programs at materialization points.
+    # TORCH_TPU_LAUNCH_BLOCKING=1 wins over it (see modes.py); torch_tpu.set_execution_mode overrides both.
+    defer_and_fuse: bool = field(default_factory=lambda: _flag("TORCH_TPU_DEFER_AND_FUSE"))
+    # DeferAndFuse size cap: a recorded graph is flushed when it reaches this many ops.
+    defer_max_ops: int = field(default_factory=lambda: _int("TORCH_TPU_DEFER_MAX_OPS", 10_000))
+    # The repeated-operations heuristic (eager/repeats.py): cut recorded graphs at repeating blocks.
+    defer_repeats: bool = field(default_factory=lambda: _flag("TORCH_TPU_DEFER_REPEATS", default=True))
+    # Shortest unit (in ops) the heuristic cuts out; shorter periods are grouped up to this length.
+    defer_min_period: int = field(default_factory=lambda: _int("TORCH_TPU_DEFER_MIN_PERIOD", 16))
+    # Longest period (in ops) the heuristic looks for.
+    defer_max_period: int = field(default_factory=lambda: _int("TORCH_TPU_DEFER_MAX_PERIOD", 1024))
+
+    def __post_init__(self):
+        if self.launch_blocking and self.defer_and_fuse:
+            import warnings
+
+            warnings.warn(
+                "TORCH_TPU_LAUNCH_BLOCKING=1 and TORCH_TPU_DEFER_AND_FUSE=1 are both set: debug mode wins "
+                "(every op runs alone and waits for its result).",
+                stacklevel=2,
+            )
+            self.defer_and_fuse = False
 
 
 config = Config()

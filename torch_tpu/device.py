@@ -124,6 +124,7 @@ def synchronize(device=None) -> None:
     from torch_tpu.runtime import storage
 
     index = _index(device)
+    storage.materialize("synchronize")  # DeferAndFuse: run what is recorded, then wait for it
     storage.drain()
     arrays = [value for value, _ in list(storage.buffers.values()) if hasattr(value, "block_until_ready")]
     target = _runtime().devices[index]
@@ -283,7 +284,8 @@ def memory_stats(device=None) -> dict:
     stats = dict(_stats(device))
     stats["reserved_bytes.all.current"] = stats["allocated_bytes.all.current"]
     stats["reserved_bytes.all.peak"] = stats["allocated_bytes.all.peak"]
-    stats["num_device_buffers"] = len(storage.buffers)
+    # Buffers that exist on the device (DeferAndFuse's pending values do not, yet).
+    stats["num_device_buffers"] = sum(1 for value, _ in list(storage.buffers.values()) if hasattr(value, "nbytes"))
     return stats
 
 

@@ -1,8 +1,9 @@
 """Counters for everything the backend does, and a readable report.
 
 Counters are plain integer attributes (an increment is one attribute store on
-the hot path). `report()` renders them; `counters()` returns a dict; `reset()`
-zeroes them. Other subsystems (compile cache, precision) add report sections
+the hot path), plus per-name counters (CPU fallbacks and decompositions by op,
+DeferAndFuse flushes by reason). `report()` renders them; `counters()` returns
+a dict; `reset()` zeroes them. Other subsystems (compile cache, precision) add report sections
 with `add_section`.
 """
 from __future__ import annotations
@@ -18,6 +19,11 @@ class _Counters:
         "_ops_executed", "programs_compiled", "compile_seconds", "_cache_hits", "cache_misses",
         "h2d_transfers", "h2d_bytes", "d2h_transfers", "d2h_bytes", "d2d_transfers", "d2d_bytes",
         "decompositions", "materializations", "synchronous_waits",
+        # DeferAndFuse: ops recorded, graphs run (one per materialization point with pending work),
+        # fused programs run (a graph cut by the repeats heuristic runs several), graph plans reused / new.
+        "ops_deferred", "flushes", "fused_executions", "fused_cache_hits", "fused_cache_misses",
+        # DeferAndFuse: buffers fused programs returned (live values only), inputs donated to them.
+        "fused_outputs", "fused_donations",
     )
 
     def __init__(self):
@@ -50,6 +56,7 @@ class _Counters:
 counts = _Counters()
 fallbacks: collections.Counter = collections.Counter()  # CPU fallbacks by op name
 decomposed: collections.Counter = collections.Counter()  # decompositions by op name
+flush_reasons: collections.Counter = collections.Counter()  # DeferAndFuse flushes by materialization point
 _sections: dict[str, Callable[[], dict]] = {}
 
 
@@ -68,6 +75,7 @@ def counters() -> dict:
     out = {name: getattr(counts, name) for name in counts.names()}
     out.update({f"fallback::{op}": n for op, n in fallbacks.items()})
     out.update({f"decomposed::{op}": n for op, n in decomposed.items()})
+    out.update({f"flush::{reason}": n for reason, n in flush_reasons.items()})
     return out
 
 
@@ -76,6 +84,7 @@ def reset() -> None:
     counts.__init__()
     fallbacks.clear()
     decomposed.clear()
+    flush_reasons.clear()
 
 
 def _bytes(n: int) -> str:
@@ -98,6 +107,10 @@ def report() -> str:
         ("device->host transfers", f"{c.d2h_transfers} ({_bytes(c.d2h_bytes)})"),
         ("device->device transfers", f"{c.d2d_transfers} ({_bytes(c.d2d_bytes)})"),
         ("materializations", f"{c.materializations}"),
+        ("deferred ops / flushes", f"{c.ops_deferred} / {c.flushes}"),
+        ("fused programs run", f"{c.fused_executions} (graph plans reused {c.fused_cache_hits}, "
+                               f"new {c.fused_cache_misses}; {c.fused_outputs} outputs, "
+                               f"{c.fused_donations} donated inputs)"),
         ("decompositions", f"{c.decompositions}"),
         ("CPU fallbacks", f"{sum(fallbacks.values())}"),
     ]
@@ -108,4 +121,6 @@ def report() -> str:
     lines += [f"{label:<{width}}  {value}" for label, value in rows]
     for op, n in sorted(fallbacks.items(), key=lambda kv: -kv[1]):
         lines.append(f"  fallback {op}: {n}")
+    for reason, n in sorted(flush_reasons.items(), key=lambda kv: -kv[1]):
+        lines.append(f"  flushes at {reason}: {n}")
     return "\n".join(lines)

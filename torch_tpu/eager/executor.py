@@ -6,6 +6,10 @@ returns before the device finishes. Debug (TORCH_TPU_LAUNCH_BLOCKING=1): the
 same, but each op waits for its results, so an error surfaces at the Python
 line of the failing op.
 
+DeferAndFuse (eager/defer.py) shares the signatures, the program cache and
+the runtime scalars; its mode turns the native cache-hit path off, and
+`execute` hands it every call after one flag check.
+
 Owns: signatures (cache keys), the process-local program cache, launching,
 output tensors and storage updates, error translation. Does not own: what an
 op computes (ops/) or how its program is traced (program.py).
@@ -31,7 +35,7 @@ _fast_signature = _native.fast_signature
 _new_outputs = _native.new_outputs
 _run_cached = _native.run_cached
 _counts = metrics.counts
-_native.set_fast_path(not config.launch_blocking)
+_native.set_fast_path(not (config.launch_blocking or config.defer_and_fuse))
 _new_tensor = _native.new_tensor
 _buffers = storage.buffers
 _TENSOR, _CPU, _SCALAR, _SCALAR_LIST = program_mod.TENSOR, program_mod.CPU_SCALAR, program_mod.SCALAR, program_mod.SCALAR_LIST
@@ -168,13 +172,15 @@ def kernel(spec: OpSpec, lowering: Lowering, via_functional: bool):
 
 
 def update_fast_path() -> None:
-    """Native cache-hit paths run unless a mode needs every op in Python (Debug)."""
-    _native.set_fast_path(not config.launch_blocking)
+    """Native cache-hit paths run unless a mode needs every op in Python (Debug, DeferAndFuse)."""
+    _native.set_fast_path(not (config.launch_blocking or config.defer_and_fuse))
 
 
 def execute(spec: OpSpec, lowering: Lowering, via_functional: bool, *args, **kwargs):
     """Run one dispatched op as its cached program; return what the op returns."""
     full = list(args) if not kwargs and len(args) == spec.n_args else spec.normalize(args, kwargs)
+    if config.defer_and_fuse:  # DeferAndFuse: record instead of launching (defer.py)
+        return _defer.record(spec, lowering, via_functional, full)
     if not (lowering.rng or config.launch_blocking):
         # Cache hit: one native call does signature, lookup, launch and outputs.
         extra = (precision.matmul_precision(),) if lowering.precision else ()
@@ -298,3 +304,6 @@ def _resize_out(t: torch.Tensor, sizes) -> None:
             stacklevel=4,
         )
     t.resize_(sizes)
+
+
+from torch_tpu.eager import defer as _defer  # noqa: E402  (a cycle: defer uses this module's functions)

@@ -365,6 +365,18 @@ def _rng_key(parts):
     return jax.random.fold_in(jax.random.fold_in(key, offset_lo), offset_hi)
 
 
+def compile_function(fn, sharding, args: tuple, donate_argnums: tuple = (), program_key: str | None = None):
+    """The executable of any traced function for one device, through the compile cache (cache/).
+
+    The one compile entry point: op programs (below) and DeferAndFuse's fused
+    graphs (defer.py) both compile here. keep_unused: a cached executable is
+    called with every flat argument.
+    """
+    (device,) = sharding.device_set
+    lowered = jax.jit(fn, out_shardings=sharding, donate_argnums=donate_argnums, keep_unused=True).lower(*args)
+    return cache.compile(lowered, device, program_key=program_key)
+
+
 def compile_program(program: OpProgram, sharding, slot_arrays, scalars):
     """The program's executable for its device, through the compile cache (cache/)."""
     (device,) = sharding.device_set
@@ -376,9 +388,7 @@ def compile_program(program: OpProgram, sharding, slot_arrays, scalars):
         out_tree = jax.tree_util.tree_structure(([0] * n_fresh, [0] * len(program.updated_slots)))
         executable = cache.lookup(program_key, device, in_tree, out_tree)
     if executable is None:
-        # keep_unused: a cached executable is called with every flat argument.
-        lowered = jax.jit(program.trace, out_shardings=sharding, keep_unused=True).lower(slot_arrays, scalars)
-        executable = cache.compile(lowered, device, program_key=program_key)
+        executable = compile_function(program.trace, sharding, (slot_arrays, scalars), program_key=program_key)
     program.executable = executable
     program.enable_fast_path()
     return executable

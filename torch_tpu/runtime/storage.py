@@ -7,7 +7,9 @@ dtype. Views never own buffers; they read and write their storage's buffer.
 When PyTorch frees a storage, the native allocator queues its address and
 `drain()` drops the buffer.
 
-Owns: the address -> buffer map, reinterpretation of a buffer's element type.
+Owns: the address -> buffer map, reinterpretation of a buffer's element type,
+and `materialize()`: the one gate every reader of buffer *values* passes
+(DeferAndFuse keeps pending values here until then).
 Does not own: memory accounting (native allocator) or programs (eager/).
 """
 from __future__ import annotations
@@ -22,6 +24,10 @@ from torch_tpu import _native
 buffers: dict[int, tuple] = {}
 
 _drain_freed = _native.drain_freed
+
+# Set by DeferAndFuse (eager/defer.py) while a recorded graph holds pending
+# values: the function that runs it. None otherwise: materialize() is a no-op.
+_flush = None
 
 
 def drain() -> None:
@@ -40,3 +46,24 @@ def live_buffer_count() -> int:
 
 def storage_address(t: torch.Tensor) -> int:
     return t.untyped_storage().data_ptr()
+
+
+def set_flush(flush) -> None:
+    """Register the function that makes pending buffer values concrete (None: nothing pending)."""
+    global _flush
+    _flush = flush
+
+
+def materialize(reason: str = "read") -> None:
+    """Make every buffer value concrete before reading one (a materialization point).
+
+    Every code path that needs a storage's value rather than its metadata
+    calls this first: device->host copies (`.cpu()`, `.item()`, `print`,
+    `bool()`), moves between devices, `torch.tpu.synchronize()`, CPU
+    fallbacks and data-dependent shapes (through `.cpu()`), and collectives
+    (TODO(distributed issue): a skinny-mode collective calls this before it
+    launches). In Strict mode it costs one global read.
+    """
+    flush = _flush
+    if flush is not None:
+        flush(reason)

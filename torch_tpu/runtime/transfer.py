@@ -37,32 +37,41 @@ def upload(src: torch.Tensor, device: int) -> torch.Tensor:
     return _fresh(array, tuple(src.shape), src.dtype, device)
 
 
-def dense_array(t: torch.Tensor):
-    """The value of a tpu tensor as a dense device array of its shape (or None if never written)."""
+def dense_array(t: torch.Tensor, flat: bool = False):
+    """The value of a tpu tensor as a dense device array of its shape, or flat (None if never written).
+
+    A materialization point: pending (DeferAndFuse) values are computed first.
+    """
     storage.drain()
     address = t.untyped_storage().data_ptr()
     entry = storage.buffers.get(address)
     if entry is None:
         return None
-    array, buffer_dtype = entry
+    buffer_dtype = entry[1]
     whole = (
         buffer_dtype == t.dtype and t.storage_offset() == 0 and t.is_contiguous()
-        and t.numel() == array.shape[0]
+        and t.numel() * t.element_size() == t.untyped_storage().nbytes()
     )
-    if not whole:
+    if not whole:  # recorded with the pending work in DeferAndFuse: one flush runs both
         t = aten.clone.default(t, memory_format=torch.contiguous_format)
-        array = storage.buffers[t.untyped_storage().data_ptr()][0]
-    return array.reshape(tuple(t.shape))
+        address = t.untyped_storage().data_ptr()
+    storage.materialize()
+    array = storage.buffers[address][0]
+    if not isinstance(array, jax.Array):  # a value lost to a failed deferred graph
+        raise RuntimeError(str(array))
+    return array if flat else array.reshape(tuple(t.shape))
 
 
 def download(t: torch.Tensor) -> torch.Tensor:
     """A tpu tensor's value as a new CPU tensor (waits for the device)."""
     if t.numel() == 0:
         return torch.empty(tuple(t.shape), dtype=t.dtype)
-    array = dense_array(t)
+    array = dense_array(t, flat=True)
     if array is None:  # never written: PyTorch would show uninitialised memory
         return torch.zeros(tuple(t.shape), dtype=t.dtype)
-    host = np.asarray(array)
+    # Reshaped on the host: a device reshape would queue behind all launched work
+    # and wait for it, where the copy only waits for this value.
+    host = np.asarray(array).reshape(tuple(t.shape))
     metrics.counts.d2h_transfers += 1
     metrics.counts.d2h_bytes += host.nbytes
     metrics.counts.materializations += 1

@@ -1,0 +1,616 @@
+"""DeferAndFuse execution: record ops, run them as fused programs at a materialization point.
+
+In this mode `executor.execute` calls `record` instead of launching. The op's
+signature, cached `OpProgram` and runtime scalars (the RNG seed/offset too,
+taken now) are exactly Strict's; instead of running the program, a `Node` is
+appended to the current graph and the op's results become `Pending` values:
+each fresh output gets a new tpu tensor whose storage buffer is a Pending, and
+each storage the op writes gets a Pending as its new buffer. Storage-level
+truth holds: an in-place op on a view reads and replaces its storage's value,
+pending or not, so updates chain exactly as in eager.
+
+`flush` (called through `storage.materialize()` by every reader of values,
+when the mode is left, and at the size cap) traces the recorded programs
+(`OpProgram.trace`, unchanged) into fused functions whose outputs are only the
+pending values whose storages are still alive, so dead intermediates never
+get device buffers. Graphs are fingerprinted by structure (op programs,
+wiring, live outputs, donations; never values): a repeated graph reuses its
+plan and compiled programs. The repeated-operations heuristic (repeats.py)
+cuts a graph into segments so that one program serves every repetition of a
+block. Inputs that nothing else references any more (old values of storages
+the graph overwrote, e.g. parameters updated by an optimizer) are donated to
+XLA, which writes the new values in place.
+
+Errors: a new op program is checked abstractly when recorded, so a lowering
+that cannot handle its arguments fails at the user's line, as in Strict. A
+failure while tracing, compiling or running a fused graph carries a note
+naming the op and the user line that recorded it; the values that graph would
+have produced are lost (reading them raises).
+
+Threads: one process-wide graph under one lock (the autograd engine records
+backward ops on its own thread).
+
+Owns: the recorder, graphs, fingerprints, plans and fused executables, error
+attribution. Does not own: signatures and op programs (executor.py,
+program.py), where to cut (repeats.py), when to materialize (callers of
+`storage.materialize`).
+"""
+from __future__ import annotations
+
+import linecache
+import math
+import os
+import sys
+import threading
+
+import jax
+import numpy as np
+import torch
+
+from torch_tpu import _native, metrics, precision
+from torch_tpu.config import config
+from torch_tpu.eager import executor
+from torch_tpu.eager import program as program_mod
+from torch_tpu.eager import repeats, strided
+from torch_tpu.runtime import dtypes, platform, storage
+from torch_tpu.runtime.errors import translate_runtime_error
+
+lock = threading.RLock()
+_counts = metrics.counts
+_buffers = storage.buffers
+_fast_signature = _native.fast_signature
+_new_outputs = _native.new_outputs
+_OUT = 1 << 20  # a pending value's ref: node index * _OUT + output index
+
+
+class Pending:
+    """A value the current graph will compute: output `ref % _OUT` of node `ref // _OUT`."""
+
+    __slots__ = ("ref",)
+
+    def __init__(self, ref: int):
+        self.ref = ref
+
+    def __repr__(self):
+        return f"Pending(node={self.ref // _OUT}, output={self.ref % _OUT})"
+
+
+class Lost:
+    """The buffer value of a storage whose deferred graph failed: reading it raises."""
+
+    __slots__ = ("message",)
+
+    def __init__(self, message: str):
+        self.message = message
+
+    def __str__(self):
+        return self.message
+
+
+class Node:
+    """One recorded op: its program, where its inputs come from, its runtime scalars, who recorded it."""
+
+    __slots__ = ("prog", "refs", "scalars", "device", "where")
+
+    def __init__(self, prog, refs, scalars, device, where):
+        self.prog = prog
+        self.refs = refs  # per program input: a pending ref (>= 0) or -1 - index into Graph.ext
+        self.scalars = scalars
+        self.device = device
+        self.where = where  # (code, line) of the user frame, or None
+
+
+class Graph:
+    __slots__ = ("nodes", "descs", "ext", "ext_ids")
+
+    def __init__(self):
+        self.nodes: list[Node] = []
+        self.descs: list[tuple] = []  # per node (program id, refs): the structural fingerprint
+        self.ext: list = []  # concrete input arrays, first use first
+        self.ext_ids: dict[int, int] = {}  # id(array) -> index in ext
+
+
+_graph = Graph()
+
+
+# ------------------------------------------------------------------ recording
+def record(spec, lowering, via_functional: bool, full: list):
+    """Record one dispatched op; return what the op returns (tensors over pending values)."""
+    with lock:
+        if not config.defer_and_fuse:  # the mode changed while this thread waited for the lock
+            return executor._execute_slow(spec, lowering, via_functional, full)
+        sig = _fast_signature(spec.op, spec.kinds, full, _buffers, lowering.static_scalars)
+        if sig is None:
+            sig = executor.signature(spec, lowering, full)
+        key, addresses, entries, scalars, device, generator = sig
+        if lowering.rng:  # seed and offset are taken now: the same stream as Strict
+            scalars.extend(executor._rng_scalars(generator, device))
+        if lowering.precision:
+            key = (*key, precision.matmul_precision())
+        prog = executor.programs.get(key)
+        if prog is None:
+            prog = executor._miss(key, spec, lowering, scalars, via_functional)
+            if not prog.resize:
+                _check(key, prog, scalars)
+        else:
+            _counts._cache_hits += 1  # the raw slot: the property adds the native fast path's count
+        if prog.resize:
+            for index, sizes in prog.resize.items():
+                executor._resize_out(full[index], sizes)
+            return executor.execute(spec, lowering, via_functional, *full)
+
+        graph = _graph
+        ext, ext_ids = graph.ext, graph.ext_ids
+        refs = []
+        for slot in prog.input_slots:
+            value = entries[slot][0]
+            if type(value) is Pending:
+                refs.append(value.ref)
+                continue
+            if type(value) is Lost:
+                raise RuntimeError(value.message)
+            j = ext_ids.get(id(value))
+            if j is None:
+                j = ext_ids[id(value)] = len(ext)
+                ext.append(value)
+            refs.append(-1 - j)
+        index = len(graph.nodes)
+        base = index * _OUT
+        n_fresh = _fresh_count(prog)
+        slot_dtypes = prog.slot_dtypes
+        for j, slot in enumerate(prog.updated_slots):
+            _buffers[addresses[slot]] = (Pending(base + n_fresh + j), slot_dtypes[slot])
+        refs = tuple(refs)
+        graph.nodes.append(Node(prog, refs, scalars, device, _user_frame()))
+        graph.descs.append((id(prog), refs))
+        outs = _new_outputs(prog.layouts, [Pending(base + k) for k in range(n_fresh)], device, _buffers)
+        _counts.ops_deferred += 1
+        if index == 0:
+            storage.set_flush(flush)
+        if index + 1 >= config.defer_max_ops:
+            flush("size cap")
+    return executor._returns(spec, prog, full, outs)
+
+
+_fresh_counts: dict = {}
+
+
+def _fresh_count(prog) -> int:
+    n = _fresh_counts.get(prog)
+    if n is None:
+        n = _fresh_counts[prog] = sum(1 for layout in prog.layouts if layout is not None)
+    return n
+
+
+def _check(key, prog, scalars) -> None:
+    """Trace a new op program abstractly, so a lowering error surfaces at the recording line (as in Strict)."""
+    slots = key[2 + prog.spec.n_args]
+    shapes = [
+        jax.ShapeDtypeStruct((slots[i][1] // prog.slot_dtypes[i].itemsize,), dtypes.to_jax(prog.slot_dtypes[i]))
+        for i in prog.input_slots
+    ]
+    try:
+        jax.eval_shape(prog.trace, shapes, list(scalars))
+    except Exception:
+        executor.programs.pop(key, None)
+        raise
+
+
+# Frames in these files are library code: errors name the first frame outside them.
+_LIBRARY_DIRS = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch, sys.modules["torch_tpu"]))
+_STDLIB_DIR = os.path.dirname(threading.__file__) + os.sep
+_is_library: dict = {}
+
+
+def _library(filename: str) -> bool:
+    if filename.startswith(_LIBRARY_DIRS) or filename.startswith("<frozen"):
+        return True
+    return filename.startswith(_STDLIB_DIR) and "-packages" + os.sep not in filename
+
+
+def _user_frame():
+    """(code, line) of the innermost frame outside torch, torch_tpu and the standard library."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        code = frame.f_code
+        library = _is_library.get(code)
+        if library is None:
+            library = _is_library[code] = _library(code.co_filename)
+        if not library:
+            return code, frame.f_lineno
+        frame = frame.f_back
+    return None
+
+
+def describe(where) -> str:
+    """A recording site as a traceback line."""
+    if where is None:
+        return "recorded by the autograd engine or library code (no user frame)"
+    code, line = where
+    text = linecache.getline(code.co_filename, line).strip()
+    out = f'File "{code.co_filename}", line {line}, in {code.co_name}'
+    return f"{out}\n    {text}" if text else out
+
+
+# ------------------------------------------------------------------ flushing
+def pending() -> int:
+    """How many ops are recorded and not yet run."""
+    return len(_graph.nodes)
+
+
+def flush(reason: str = "materialize") -> None:
+    """Run everything recorded (all devices) and install the live results. A no-op when nothing is pending."""
+    global _graph
+    with lock:
+        graph = _graph
+        if not graph.nodes:
+            return
+        _graph = Graph()
+        storage.set_flush(None)
+        storage.drain()
+        live: dict[int, list] = {}
+        for address, (value, dtype) in _buffers.items():
+            if type(value) is Pending:
+                live.setdefault(value.ref, []).append((address, dtype))
+        outputs = tuple(sorted(live))
+        ext = graph.ext
+        # Donate inputs nobody else holds: the list and getrefcount's argument are the only references.
+        donate = tuple(j for j in range(len(ext)) if sys.getrefcount(ext[j]) <= 2)
+        options = (config.defer_repeats, config.defer_min_period, config.defer_max_period)  # they shape the plan
+        fingerprint = (tuple(graph.descs), outputs, donate, options)
+        plan = _plans.get(fingerprint)
+        if plan is None:
+            _counts.fused_cache_misses += 1
+            plan = _make_plan(graph, outputs, frozenset(donate))
+            if len(_plans) >= _PLAN_LIMIT:
+                _plans.clear()
+            _plans[fingerprint] = plan
+        else:
+            _counts.fused_cache_hits += 1
+        values: dict = {}
+        try:
+            plan.run(graph, values)
+        except BaseException as err:
+            _lose(live, values, graph, err)
+            raise
+        for ref, targets in live.items():
+            array = values[ref]
+            for address, dtype in targets:
+                _buffers[address] = (array, dtype)
+        _counts.flushes += 1
+        metrics.flush_reasons[reason] += 1
+        _counts.ops_executed += len(graph.nodes)
+
+
+def _lose(live, values, graph, err) -> None:
+    """After a failed flush: install what was computed, mark the rest lost (reading it raises)."""
+    message = (f"this tensor's value was lost: the deferred graph computing it ({len(graph.nodes)} ops) failed "
+               f"with {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
+    lost = Lost(message)
+    for ref, targets in live.items():
+        array = values.get(ref, lost)
+        for address, dtype in targets:
+            _buffers[address] = (array, dtype)
+
+
+_plans: dict = {}  # graph fingerprint -> Plan
+_PLAN_LIMIT = 1024
+_executables: dict = {}  # segment fingerprint -> compiled fused program
+
+
+class Segment:
+    """One fused program of a plan: which values go in, which nodes run, which values come out."""
+
+    __slots__ = ("device", "nodes", "sources", "donated", "kept", "outputs", "drop", "fingerprint", "steps",
+                 "n_inputs", "local_outputs", "out_shapes", "reshaped")
+
+    def run(self, graph, values: dict) -> None:
+        ext = graph.ext
+        nodes = graph.nodes
+        inputs = [ext[-1 - s] if s < 0 else values[s] for s in self.sources]
+        donated = [inputs[i] for i in self.donated]
+        kept = [inputs[i] for i in self.kept]
+        del inputs
+        raw = []
+        for i in self.nodes:
+            raw.extend(nodes[i].scalars)
+        scalars = executor._device_scalars(raw, self.device) if raw else []
+        executable = _executables.get(self.fingerprint)
+        if executable is None:
+            executable = self._compile(graph, donated, kept, scalars)
+        try:
+            results = executable(donated, kept, scalars)
+        except jax.errors.JaxRuntimeError as err:
+            wheres = [nodes[i].where for i in self.nodes]
+            error = translate_runtime_error(err, f"a deferred graph of {len(self.nodes)} ops")
+            _note(error, "the graph's ops were recorded at:\n" + _sites(wheres))
+            raise error from None
+        if self.reshaped:
+            results = list(results)
+            flat = _flatten(self, [results[k] for k in self.reshaped])
+            for k, array in zip(self.reshaped, flat):
+                results[k] = array
+        _counts.fused_executions += 1
+        _counts.fused_outputs += len(self.outputs)
+        _counts.fused_donations += len(self.donated)
+        for ref, array in zip(self.outputs, results):
+            values[ref] = array
+        for ref in self.drop:
+            values.pop(ref, None)
+
+    def _compile(self, graph, donated, kept, scalars):
+        nodes = graph.nodes
+        fused = _fused_function(self.steps, self.n_inputs, self.donated, self.kept, self.local_outputs,
+                                self.out_shapes)
+        fused.wheres = [nodes[i].where for i in self.nodes]
+        fused.names = [nodes[i].prog.spec.name for i in self.nodes]
+        sharding = platform.get().shardings[self.device]
+        try:
+            executable = program_mod.compile_function(fused, sharding, (donated, kept, scalars),
+                                                      donate_argnums=(0,) if self.donated else ())
+        except jax.errors.JaxRuntimeError as err:
+            error = translate_runtime_error(err, f"compiling a deferred graph of {len(self.nodes)} ops")
+            _note(error, "the graph's ops were recorded at:\n" + _sites(fused.wheres))
+            raise error from None
+        _executables[self.fingerprint] = executable
+        return executable
+
+
+def _flatten(segment, arrays: list) -> list:
+    """The segment's N-d outputs as flat buffers, by a compiled reshape that donates them (a bitcast, no copy)."""
+    key = ("flatten", segment.fingerprint)
+    executable = _executables.get(key)
+    if executable is None:
+        sharding = platform.get().shardings[segment.device]
+        executable = program_mod.compile_function(_flat_all, sharding, (arrays,), donate_argnums=(0,))
+        _executables[key] = executable
+    return executable(arrays)
+
+
+def _flat_all(arrays):
+    return [a.reshape(-1) for a in arrays]
+
+
+class Plan:
+    __slots__ = ("segments",)
+
+    def __init__(self, segments):
+        self.segments = segments
+
+    def run(self, graph, values: dict) -> None:
+        for segment in self.segments:
+            segment.run(graph, values)
+
+
+def _fused_function(steps, n_inputs, donated_positions, kept_positions, outputs, shapes):
+    """The traced function of one segment: every step's OpProgram.trace, wired together."""
+
+    def fused(donated, kept, scalars):
+        values = [None] * n_inputs
+        for position, value in zip(donated_positions, donated):
+            values[position] = value
+        for position, value in zip(kept_positions, kept):
+            values[position] = value
+        offset = 0
+        for s, (prog, refs, n_scalars) in enumerate(steps):
+            try:
+                fresh, updated = prog.trace([values[r] for r in refs], scalars[offset:offset + n_scalars])
+            except Exception as err:
+                _note(err, f"in the deferred op {fused.names[s]}, recorded at:\n  {describe(fused.wheres[s])}")
+                raise
+            offset += n_scalars
+            values.extend(fresh)
+            values.extend(updated)
+        return [values[i].reshape(shape) for i, shape in zip(outputs, shapes)]
+
+    fused.wheres = []
+    fused.names = []
+    return fused
+
+
+def _note(err: BaseException, text: str) -> None:
+    err.add_note(f"[torch_tpu DeferAndFuse] {text}")
+
+
+def _sites(wheres, limit: int = 8) -> str:
+    seen = []
+    for where in wheres:
+        if where not in seen:
+            seen.append(where)
+    lines = [f"  {describe(w)}" for w in seen[:limit]]
+    if len(seen) > limit:
+        lines.append(f"  ... and {len(seen) - limit} more sites")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------ planning
+def _output_avals(prog) -> list:
+    """(length, jax dtype) of each output of a node running `prog`: fresh buffers, then updated slots."""
+    avals = [(m.nbytes // m.dtype.itemsize, np.dtype(dtypes.to_jax(m.dtype))) for m in prog.outputs if m is not None]
+    slots = prog.key[2 + prog.spec.n_args]
+    for slot in prog.updated_slots:
+        dtype = prog.slot_dtypes[slot]
+        avals.append((slots[slot][1] // dtype.itemsize, np.dtype(dtypes.to_jax(dtype))))
+    return avals
+
+
+def _output_shapes(prog) -> list:
+    """The physical (memory-order) shape of each output of `prog`: fresh buffers, then updated slots.
+
+    NOTE(xla-cpu): a fused program returns its outputs in these shapes and they
+    are flattened afterwards (a donated reshape: no copy). XLA:CPU emits a fusion
+    whose root is a flattening bitcast and that reads a broadcast operand (a bias,
+    a row statistic) with scalar code: an erf-GELU on a biased matmul output runs
+    ~8x slower than with an N-d root. Strict mode never hits it (its op boundaries
+    split such fusions).
+    """
+    shapes = _shapes.get(prog)
+    if shapes is not None:
+        return shapes
+    shapes = []
+    for m in prog.outputs:
+        if m is None:
+            continue
+        if len(m.sizes) < 2:
+            shapes.append((math.prod(m.sizes),))
+        elif strided.is_contiguous(m.sizes, m.strides):
+            shapes.append(tuple(m.sizes))
+        else:
+            shapes.append(tuple(m.sizes[d] for d in strided.dense_permutation(m.sizes, m.strides)))
+    spec = prog.spec
+    key_args = prog.key[2:2 + spec.n_args]
+    slots = prog.key[2 + spec.n_args]
+    for slot in prog.updated_slots:
+        dtype = prog.slot_dtypes[slot]
+        length = slots[slot][1] // dtype.itemsize
+        targets = [e for i in spec.writes for e in program_mod.tensor_entries(spec.kinds[i], key_args[i]) if e[5] == slot]
+        shape = (length,)
+        if len(targets) == 1:
+            _, entry_dtype, sizes, strides, offset, _ = targets[0]
+            if (len(sizes) >= 2 and entry_dtype == dtype and offset == 0 and math.prod(sizes) == length
+                    and strided.is_contiguous(sizes, strides)):
+                shape = tuple(sizes)
+        shapes.append(shape)
+    _shapes[prog] = shapes
+    return shapes
+
+
+_shapes: dict = {}
+
+
+def _cheap(prog) -> bool:
+    """A pointwise op with one fresh result and no side effects: cheaper to recompute than to keep."""
+    op = prog.spec.op
+    tags = op.tags
+    return (torch.Tag.pointwise in tags and torch.Tag.nondeterministic_seeded not in tags
+            and not prog.updated_slots and _fresh_count(prog) == 1 and len(prog.outputs) == 1)
+
+
+def _recompute_cheap(nodes, pieces: list, final: set) -> list:
+    """Pieces (device, nodes, recomputed nodes) with cheap values recomputed where they are read.
+
+    A value that only crosses a cut (it is dead at the materialization point,
+    e.g. an activation saved for backward) would be a program output, a device
+    buffer kept from its producer to its last reader. If a pointwise op made
+    it from values the reading piece receives anyway, the reader recomputes it:
+    one buffer less to keep, at the price of one pointwise pass.
+    """
+    made_in = {}
+    for p, (_, indices) in enumerate(pieces):
+        for i in indices:
+            made_in[i] = p
+    reads = []  # per piece: refs read from outside it
+    for p, (_, indices) in enumerate(pieces):
+        outside = set()
+        for i in indices:
+            outside.update(r for r in nodes[i].refs if r < 0 or made_in[r // _OUT] != p)
+        reads.append(outside)
+    extra: dict[int, list[int]] = {}
+    for p, outside in enumerate(reads):
+        for r in sorted(outside):
+            if r < 0 or r in final:
+                continue
+            node = nodes[r // _OUT]
+            if _cheap(node.prog) and all(x < 0 or x in outside for x in node.refs):
+                extra.setdefault(p, []).append(r // _OUT)
+    return [(device, extra.get(p, []) + list(indices), frozenset(extra.get(p, ())))
+            for p, (device, indices) in enumerate(pieces)]
+
+
+def _make_plan(graph, outputs: tuple, donate: frozenset) -> Plan:
+    """Cut the graph into segments and wire them: which values cross, which are donated."""
+    nodes = graph.nodes
+    by_device: dict[int, list[int]] = {}
+    for i, node in enumerate(nodes):
+        by_device.setdefault(node.device, []).append(i)
+    pieces = []
+    for device, indices in by_device.items():
+        if config.defer_repeats and len(indices) >= 2 * config.defer_min_period:
+            tokens = [id(nodes[i].prog) for i in indices]
+            cuts = repeats.segments(tokens, config.defer_min_period, config.defer_max_period)
+            pieces.extend((device, indices[a:b]) for a, b in cuts)
+        else:
+            pieces.append((device, indices))
+
+    final = set(outputs)
+    pieces = _recompute_cheap(nodes, pieces, final)
+    # Last piece reading each ext input and each crossing value; values read by later pieces.
+    last_reader: dict[int, int] = {}
+    crossing: set[int] = set()
+    for p, (_, indices, _) in enumerate(pieces):
+        made: set[int] = set()
+        for i in indices:
+            for r in nodes[i].refs:
+                last_reader[r] = p
+                if r >= 0 and r // _OUT not in made:
+                    crossing.add(r)
+            made.add(i)
+    avals = {}
+    segments = []
+    for p, (device, indices, recomputed) in enumerate(pieces):
+        sources: list[int] = []  # ext (< 0) or pending refs produced by earlier pieces
+        position: dict[int, int] = {}
+        local: dict[int, int] = {}  # pending ref -> local value index (computed later)
+        steps = []
+        produced = []
+        for i in indices:
+            node = nodes[i]
+            local_refs = []
+            for r in node.refs:
+                if r >= 0 and r in local:
+                    local_refs.append(("v", local[r]))
+                    continue
+                k = position.get(r)
+                if k is None:
+                    k = position[r] = len(sources)
+                    sources.append(r)
+                local_refs.append(("i", k))
+            out_avals = _output_avals(node.prog)
+            for k, aval in enumerate(out_avals):
+                ref = i * _OUT + k
+                local[ref] = len(produced)
+                produced.append(ref)
+                avals[ref] = aval
+            steps.append((node.prog, local_refs, len(node.scalars)))
+        n_inputs = len(sources)
+        steps = tuple(
+            (prog, tuple(k if kind == "i" else n_inputs + k for kind, k in refs), n_scalars)
+            for prog, refs, n_scalars in steps
+        )
+        out_refs = tuple(r for r in produced if (r in final or r in crossing) and r // _OUT not in recomputed)
+        local_outputs = tuple(n_inputs + local[r] for r in out_refs)
+        out_shapes = tuple(_output_shapes(nodes[r // _OUT].prog)[r % _OUT] for r in out_refs)
+
+        # Donation: inputs nobody needs after this piece, matched to an output of the same shape.
+        free = {}
+        for r in out_refs:
+            free[avals[r]] = free.get(avals[r], 0) + 1
+        donated = []
+        for k, s in enumerate(sources):
+            mine = (s < 0 and (-1 - s) in donate) or (s >= 0 and s not in final)
+            if not mine or last_reader.get(s) != p:
+                continue
+            aval = (graph.ext[-1 - s].shape[0], np.dtype(graph.ext[-1 - s].dtype)) if s < 0 else avals[s]
+            if free.get(aval, 0) > 0:
+                free[aval] -= 1
+                donated.append(k)
+        kept = [k for k in range(n_inputs) if k not in set(donated)]
+
+        segment = Segment()
+        segment.device = device
+        segment.nodes = tuple(indices)
+        segment.sources = tuple(sources)
+        segment.donated = tuple(donated)
+        segment.kept = tuple(kept)
+        segment.outputs = out_refs
+        segment.local_outputs = local_outputs
+        segment.out_shapes = out_shapes
+        segment.reshaped = tuple(k for k, shape in enumerate(out_shapes) if len(shape) != 1)
+        segment.n_inputs = n_inputs
+        segment.steps = steps
+        # Crossing values no later piece reads (and not live): drop them now.
+        segment.drop = tuple(r for r in set(sources) if r >= 0 and last_reader.get(r) == p and r not in final)
+        segment.fingerprint = (device, tuple((id(prog), refs) for prog, refs, _ in steps), n_inputs, local_outputs,
+                               segment.donated, out_shapes)
+        segments.append(segment)
+    return Plan(segments)
