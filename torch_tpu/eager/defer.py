@@ -246,40 +246,49 @@ def flush(reason: str = "materialize") -> None:
         if not graph.nodes:
             return
         _graph = Graph()
-        storage.set_flush(None)
-        storage.drain()
-        live: dict[int, list] = {}
-        for address, (value, dtype) in _buffers.items():
-            if type(value) is Pending:
-                live.setdefault(value.ref, []).append((address, dtype))
-        outputs = tuple(sorted(live))
-        ext = graph.ext
-        # Donate inputs nobody else holds: the list and getrefcount's argument are the only references.
-        donate = tuple(j for j in range(len(ext)) if sys.getrefcount(ext[j]) <= 2)
-        options = (config.defer_repeats, config.defer_min_period, config.defer_max_period)  # they shape the plan
-        fingerprint = (tuple(graph.descs), outputs, donate, options)
-        plan = _plans.get(fingerprint)
-        if plan is None:
-            _counts.fused_cache_misses += 1
-            plan = _make_plan(graph, outputs, frozenset(donate))
-            if len(_plans) >= _PLAN_LIMIT:
-                _plans.clear()
-            _plans[fingerprint] = plan
-        else:
-            _counts.fused_cache_hits += 1
-        values: dict = {}
         try:
-            plan.run(graph, values)
-        except BaseException as err:
-            _lose(live, values, graph, err)
-            raise
-        for ref, targets in live.items():
-            array = values[ref]
-            for address, dtype in targets:
-                _buffers[address] = (array, dtype)
-        _counts.flushes += 1
-        metrics.flush_reasons[reason] += 1
-        _counts.ops_executed += len(graph.nodes)
+            _run(graph, reason)
+        finally:
+            # Cleared only now: a thread that reads a value while this flush runs must wait
+            # for it on the lock (through storage.materialize), not read a pending value.
+            storage.set_flush(None)
+
+
+def _run(graph, reason: str) -> None:
+    """Run one taken graph and install its live values into the storages that hold them."""
+    storage.drain()
+    live: dict[int, list] = {}
+    for address, (value, dtype) in _buffers.items():
+        if type(value) is Pending:
+            live.setdefault(value.ref, []).append((address, dtype))
+    outputs = tuple(sorted(live))
+    ext = graph.ext
+    # Donate inputs nobody else holds: the list and getrefcount's argument are the only references.
+    donate = tuple(j for j in range(len(ext)) if sys.getrefcount(ext[j]) <= 2)
+    options = (config.defer_repeats, config.defer_min_period, config.defer_max_period)  # they shape the plan
+    fingerprint = (tuple(graph.descs), outputs, donate, options)
+    plan = _plans.get(fingerprint)
+    if plan is None:
+        _counts.fused_cache_misses += 1
+        plan = _make_plan(graph, outputs, frozenset(donate))
+        if len(_plans) >= _PLAN_LIMIT:
+            _plans.clear()
+        _plans[fingerprint] = plan
+    else:
+        _counts.fused_cache_hits += 1
+    values: dict = {}
+    try:
+        plan.run(graph, values)
+    except BaseException as err:
+        _lose(live, values, graph, err)
+        raise
+    for ref, targets in live.items():
+        array = values[ref]
+        for address, dtype in targets:
+            _buffers[address] = (array, dtype)
+    _counts.flushes += 1
+    metrics.flush_reasons[reason] += 1
+    _counts.ops_executed += len(graph.nodes)
 
 
 def _lose(live, values, graph, err) -> None:
