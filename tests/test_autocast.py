@@ -33,10 +33,6 @@ _LISTS = {  # list name: (module holding the ops or None for Tensor methods, exp
     "methods_expect_builtin_promote": (None, None),
 }
 
-_NORM = "linalg_vector_norm fails on tpu with a runtime `ord` (TracerBoolConversionError; issue 3)"
-XFAIL = {  # op: reason. The op fails on tpu without autocast too: operator coverage, not autocast.
-    "norm": _NORM, "cosine_similarity": _NORM, "dist": _NORM, "renorm": _NORM, "triplet_margin_loss": _NORM,
-}
 SKIP = {
     "cudnn_convolution": "cuDNN-only op: no kernel exists for tpu or CPU",
     "cudnn_convolution_transpose": "cuDNN-only op: no kernel exists for tpu or CPU",
@@ -61,8 +57,6 @@ def _cases():
             marks = []
             if op in SKIP:
                 marks.append(pytest.mark.skip(reason=SKIP[op]))
-            elif op in XFAIL:
-                marks.append(pytest.mark.xfail(reason=XFAIL[op], strict=False))
             cases.append(pytest.param(op, args, kwargs, module, out_type, id=f"{list_name}-{i}-{op}", marks=marks))
     return cases
 
@@ -155,8 +149,6 @@ _AGREED = sorted({e[0] for e in _CUDA.torch_fp16} & {e[0] for e in _CPU.torch_16
 @pytest.mark.parametrize("op", _AGREED)
 def test_matches_cpu_autocast_where_lists_agree(op):
     """For ops both CPU's and CUDA's lists run in low precision, tpu autocast matches CPU autocast (bfloat16)."""
-    if op in XFAIL:
-        pytest.xfail(XFAIL[op])
     entry = next(e for e in _CPU.torch_16 if e[0] == op)
     args = entry[1]
     with torch.autocast("cpu", dtype=torch.bfloat16):
