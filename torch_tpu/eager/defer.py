@@ -347,6 +347,16 @@ class Segment:
         for ref in self.drop:
             values.pop(ref, None)
 
+    def signature(self, nodes):
+        """What determines the fused program, as plain data (a program key: no tracing in a later process).
+
+        None when a step's program is not indexable (see program.indexable).
+        """
+        if not all(program_mod.indexable(nodes[i].prog) for i in self.nodes):
+            return None
+        steps = tuple((prog.key, refs, n_scalars) for prog, refs, n_scalars in self.steps)
+        return ("fused", steps, self.n_inputs, self.donated, self.kept, self.local_outputs, self.out_shapes)
+
     def _compile(self, graph, donated, kept, scalars):
         nodes = graph.nodes
         fused = _fused_function(self.steps, self.n_inputs, self.donated, self.kept, self.local_outputs,
@@ -354,9 +364,10 @@ class Segment:
         fused.wheres = [nodes[i].where for i in self.nodes]
         fused.names = [nodes[i].prog.spec.name for i in self.nodes]
         sharding = platform.get().shardings[self.device]
+        out_tree = jax.tree_util.tree_structure([0] * len(self.local_outputs))
         try:
-            executable = program_mod.compile_function(fused, sharding, (donated, kept, scalars),
-                                                      donate_argnums=(0,) if self.donated else ())
+            executable = program_mod.compile_indexed(fused, sharding, (donated, kept, scalars), self.signature(nodes),
+                                                     out_tree, donate_argnums=(0,) if self.donated else ())
         except jax.errors.JaxRuntimeError as err:
             error = translate_runtime_error(err, f"compiling a deferred graph of {len(self.nodes)} ops")
             _note(error, "the graph's ops were recorded at:\n" + _sites(fused.wheres))
@@ -371,7 +382,10 @@ def _flatten(segment, arrays: list) -> list:
     executable = _executables.get(key)
     if executable is None:
         sharding = platform.get().shardings[segment.device]
-        executable = program_mod.compile_function(_flat_all, sharding, (arrays,), donate_argnums=(0,))
+        signature = ("flatten", tuple((a.shape, str(a.dtype)) for a in arrays))
+        out_tree = jax.tree_util.tree_structure([0] * len(arrays))
+        executable = program_mod.compile_indexed(_flat_all, sharding, (arrays,), signature, out_tree,
+                                                 donate_argnums=(0,))
         _executables[key] = executable
     return executable(arrays)
 
@@ -465,7 +479,9 @@ def _output_shapes(prog) -> list:
         elif strided.is_contiguous(m.sizes, m.strides):
             shapes.append(tuple(m.sizes))
         else:
-            shapes.append(tuple(m.sizes[d] for d in strided.dense_permutation(m.sizes, m.strides)))
+            order = strided.dense_permutation(m.sizes, m.strides)
+            # Not dense in any order (empty, or with gaps): the flat buffer as the program made it.
+            shapes.append((m.nbytes // m.dtype.itemsize,) if order is None else tuple(m.sizes[d] for d in order))
     spec = prog.spec
     key_args = prog.key[2:2 + spec.n_args]
     slots = prog.key[2 + spec.n_args]

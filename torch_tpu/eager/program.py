@@ -377,24 +377,34 @@ def compile_function(fn, sharding, args: tuple, donate_argnums: tuple = (), prog
     return cache.compile(lowered, device, program_key=program_key)
 
 
+def compile_indexed(fn, sharding, args: tuple, signature, out_tree, donate_argnums: tuple = ()):
+    """`compile_function`, recorded under the program key of `signature` (None: not indexable).
+
+    A later process finds the executable by the signature alone, without tracing or
+    lowering `fn`. `signature` must determine the program (see cache/key.py);
+    `out_tree` is the pytree of `fn`'s results.
+    """
+    (device,) = sharding.device_set
+    program_key = cache.program_key(signature, device) if signature is not None and cache.settings().enabled else None
+    if program_key is not None:
+        executable = cache.lookup(program_key, device, jax.tree_util.tree_structure((args, {})), out_tree)
+        if executable is not None:
+            return executable
+    return compile_function(fn, sharding, args, donate_argnums, program_key=program_key)
+
+
 def compile_program(program: OpProgram, sharding, slot_arrays, scalars):
     """The program's executable for its device, through the compile cache (cache/)."""
-    (device,) = sharding.device_set
-    program_key = cache.program_key(program.key, device) if _indexable(program) else None
-    executable = None
-    if program_key is not None:  # the trees jit would give: ((slot arrays, scalars), {}) -> (fresh, updated)
-        in_tree = jax.tree_util.tree_structure((([0] * len(slot_arrays), [0] * len(scalars)), {}))
-        n_fresh = sum(meta is not None for meta in program.outputs)
-        out_tree = jax.tree_util.tree_structure(([0] * n_fresh, [0] * len(program.updated_slots)))
-        executable = cache.lookup(program_key, device, in_tree, out_tree)
-    if executable is None:
-        executable = compile_function(program.trace, sharding, (slot_arrays, scalars), program_key=program_key)
+    n_fresh = sum(meta is not None for meta in program.outputs)  # results: (fresh, updated)
+    out_tree = jax.tree_util.tree_structure(([0] * n_fresh, [0] * len(program.updated_slots)))
+    executable = compile_indexed(program.trace, sharding, (slot_arrays, scalars),
+                                 program.key if indexable(program) else None, out_tree)
     program.executable = executable
     program.enable_fast_path()
     return executable
 
 
-def _indexable(program: OpProgram) -> bool:
+def indexable(program: OpProgram) -> bool:
     """Whether the signature alone determines the program (see cache/key.py): aten ops lowered by our code or JAX."""
     if not cache.settings().enabled or program.lowering is None:
         return False
