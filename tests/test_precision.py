@@ -44,15 +44,8 @@ def run_in_mode(mode: str, fn, *args):
     if mode == "strict":
         return fn(*args).cpu()
     if mode == "defer_and_fuse":
-        set_mode = getattr(torch_tpu, "set_execution_mode", None)
-        if set_mode is None:
-            pytest.skip("TODO(issue 4): DeferAndFuse is not merged yet; this test runs it through "
-                        "torch_tpu.set_execution_mode('defer_and_fuse') once it exists")
-        set_mode("defer_and_fuse")
-        try:
+        with torch_tpu.execution_mode("defer_and_fuse"):
             return fn(*args).cpu()
-        finally:
-            set_mode("strict")
     if "tpu" not in torch._dynamo.list_backends():
         pytest.skip("torch.compile(backend='tpu') is not registered yet; this test runs it once it exists")
     return torch.compile(fn, backend="tpu")(*args).cpu()
