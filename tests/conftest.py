@@ -1,6 +1,7 @@
 """Shared test setup: 4 XLA:CPU devices, and the one CPU-comparison helper."""
 from __future__ import annotations
 
+import contextlib
 import os
 
 # Multi-device tests run on one CPU; must be set before the runtime starts.
@@ -86,3 +87,16 @@ def assert_matches_cpu(fn, *args, grads: bool = False, atol=1e-5, rtol=1e-5, dev
 
         assert_close_tree(backward(actual, tpu_args), backward(expected, cpu_args), atol, rtol)
     return actual
+
+
+@contextlib.contextmanager
+def no_fallback():
+    """Run the block with TORCH_TPU_FALLBACK=error semantics: an op that would fall back to CPU raises."""
+    from torch_tpu.config import config
+
+    previous = config.fallback
+    config.fallback = "error"
+    try:
+        yield
+    finally:
+        config.fallback = previous

@@ -175,6 +175,16 @@ def _error_reason(err: BaseException) -> str:
     return f"{type(err).__name__}: {first}"[:300]
 
 
+def _failure(err: Exception, index: int, ran: int, verbose: bool) -> Outcome:
+    """A tpu run that raised: a CPU fallback (named) or an error."""
+    match = _FALLBACK_RE.search(str(err))
+    if isinstance(err, NotImplementedError) and match:
+        return Outcome("fallback", f"no lowering: {match.group(1)}", ran, fallback_ops=[match.group(1)])
+    if verbose:
+        traceback.print_exc()
+    return Outcome("error", f"sample {index}: {_error_reason(err)}", ran)
+
+
 def run_entry(op, mode: str, samples: int = SAMPLES, tol=None, metadata_only=False, samples_on_tpu=False,
               canonical=None, verbose=False) -> Outcome:
     """Run one op_db entry in one mode on tpu and CPU; classify it.
@@ -230,13 +240,7 @@ def run_entry(op, mode: str, samples: int = SAMPLES, tol=None, metadata_only=Fal
                 except _CpuRejects:
                     continue
                 except Exception as err:
-                    match = _FALLBACK_RE.search(str(err))
-                    if isinstance(err, NotImplementedError) and match:
-                        return _done(start, Outcome("fallback", f"no lowering: {match.group(1)}", ran,
-                                                    fallback_ops=[match.group(1)]))
-                    if verbose:
-                        traceback.print_exc()
-                    return _done(start, Outcome("error", f"sample {index}: {_error_reason(err)}", ran))
+                    return _done(start, _failure(err, index, ran, verbose))
                 ran += 1
                 continue
             try:
@@ -253,13 +257,7 @@ def run_entry(op, mode: str, samples: int = SAMPLES, tol=None, metadata_only=Fal
             except Mismatch as err:
                 return _done(start, Outcome("mismatch", f"sample {index}: {err}", ran))
             except Exception as err:
-                match = _FALLBACK_RE.search(str(err))
-                if isinstance(err, NotImplementedError) and match:
-                    return _done(start, Outcome("fallback", f"no lowering: {match.group(1)}", ran,
-                                                fallback_ops=[match.group(1)]))
-                if verbose:
-                    traceback.print_exc()
-                return _done(start, Outcome("error", f"sample {index}: {_error_reason(err)}", ran))
+                return _done(start, _failure(err, index, ran, verbose))
             ran += 1
     finally:
         config.fallback = previous

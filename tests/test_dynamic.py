@@ -1,22 +1,10 @@
 """Value-dependent result shapes: nonzero, masked_select, unique, boolean-mask indexing, bincount, repeat_interleave."""
-import contextlib
 
 import pytest
 import torch
 
-from conftest import assert_matches_cpu
+from conftest import assert_matches_cpu, no_fallback
 from torch_tpu import metrics
-from torch_tpu.config import config
-
-
-@contextlib.contextmanager
-def no_fallback():
-    previous = config.fallback
-    config.fallback = "error"
-    try:
-        yield
-    finally:
-        config.fallback = previous
 
 
 def _data():

@@ -1,20 +1,9 @@
 """Random ops' statistics on tpu (the OpInfo sweep compares only dtype/shape/device for them)."""
-import contextlib
 
 import pytest
 import torch
 
-from torch_tpu.config import config
-
-
-@contextlib.contextmanager
-def no_fallback():
-    previous = config.fallback
-    config.fallback = "error"
-    try:
-        yield
-    finally:
-        config.fallback = previous
+from conftest import no_fallback
 
 
 N = 200_000
