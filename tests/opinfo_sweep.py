@@ -195,6 +195,8 @@ def run_entry(op, mode: str, samples: int = SAMPLES, tol=None, metadata_only=Fal
     `test_compare_cpu` does with CUDA (for ops that take CPU tensor arguments).
     `canonical(sample, result)`, if given, maps both results to a form that is
     defined uniquely (e.g. sort indices -> the values they select) before comparing.
+    `metadata_only` (a bool, or a predicate of the sample) compares only dtype, shape
+    and device (random or uninitialised values).
     """
     from torch_tpu.config import config
 
@@ -217,6 +219,7 @@ def run_entry(op, mode: str, samples: int = SAMPLES, tol=None, metadata_only=Fal
             if verbose:
                 print(f"  sample {index}: {_describe(sample)}")
             cotangents = _make_cotangents(index)
+            random_values = metadata_only(sample) if callable(metadata_only) else metadata_only
             try:
                 cpu_sample = _copied(sample, "cpu", where)
                 if backward:
@@ -233,7 +236,7 @@ def run_entry(op, mode: str, samples: int = SAMPLES, tol=None, metadata_only=Fal
                 continue
             if mode == "float32_variants":
                 try:
-                    _check_variants(op, sample, cpu_sample, _copied(sample, "tpu", where), atol, rtol, metadata_only,
+                    _check_variants(op, sample, cpu_sample, _copied(sample, "tpu", where), atol, rtol, random_values,
                                     canonical)
                 except Mismatch as err:
                     return _done(start, Outcome("mismatch", f"sample {index}: {err}", ran))
@@ -253,7 +256,7 @@ def run_entry(op, mode: str, samples: int = SAMPLES, tol=None, metadata_only=Fal
                     actual = sample.output_process_fn_grad(_call(op, tpu_sample))
                     if canonical is not None:
                         actual = canonical(tpu_sample, actual)
-                compare(actual, expected, atol, rtol, metadata_only)
+                compare(actual, expected, atol, rtol, random_values)
             except Mismatch as err:
                 return _done(start, Outcome("mismatch", f"sample {index}: {err}", ran))
             except Exception as err:
@@ -382,7 +385,8 @@ def run_mode(mode: str, samples: int = SAMPLES, skip=None, xfail=None, tol=None,
     """{entry name: Outcome} for every op_db entry eligible in `mode`.
 
     Tables (name -> value; xfail and tol also take (name, mode) keys): skip and xfail
-    reasons, tol (atol, rtol), metadata_only reasons, samples_on_tpu names, canonical
+    reasons, tol (atol, rtol), metadata_only reasons (or (reason, predicate of a sample): only
+    the samples it picks), samples_on_tpu names, canonical
     (reason, fn(sample, result)).
     """
     import torch_tpu  # noqa: F401  (registers the device)
@@ -400,11 +404,13 @@ def run_mode(mode: str, samples: int = SAMPLES, skip=None, xfail=None, tol=None,
             results[name] = Outcome("skip", skip[name])
             continue
         outcome = run_entry(op, mode, samples, tol=_tol_for(tol, name, mode),
-                            metadata_only=name in metadata_only, samples_on_tpu=name in samples_on_tpu,
+                            metadata_only=_metadata_rule(metadata_only.get(name)),
+                            samples_on_tpu=name in samples_on_tpu,
                             canonical=canonical[name][1] if name in canonical else None, verbose=verbose)
         expected_failure = _tol_for(xfail, name, mode)
         if outcome.status == "pass" and name in metadata_only:
-            outcome.reason = metadata_only[name]
+            rule = metadata_only[name]
+            outcome.reason = rule if isinstance(rule, str) else rule[0]
         elif outcome.status == "pass" and name in canonical:
             outcome.reason = canonical[name][0]
         elif outcome.status != "pass" and expected_failure:
@@ -413,6 +419,13 @@ def run_mode(mode: str, samples: int = SAMPLES, skip=None, xfail=None, tol=None,
         if progress:
             progress(name, outcome)
     return results
+
+
+def _metadata_rule(rule):
+    """A metadata_only table value (a reason, or (reason, predicate of a sample)) as run_entry takes it."""
+    if rule is None or isinstance(rule, str):
+        return rule is not None
+    return rule[1]
 
 
 STATUSES = ("pass", "mismatch", "error", "fallback", "skip", "n/a")
@@ -584,6 +597,8 @@ def main(argv=None):
         return
     sys.path.insert(0, str(ROOT / "tests"))
     import test_opinfo as t
+
+    torch.set_float32_matmul_precision("highest")  # as the tests run (conftest): compared with CPU's float32
 
     def progress(name, o):
         if args.only is None or o.status == args.only:

@@ -56,6 +56,14 @@ METADATA_ONLY = {
         "svd_lowrank", "pca_lowrank",
     )
 } | {
+    # Samples with dropout are random (compared: dtype, shape, device); the others are compared in value.
+    "nn.functional.scaled_dot_product_attention": (
+        "samples with dropout_p > 0 are random (compared: dtype, shape, device)",
+        lambda sample: sample.kwargs.get("dropout_p", 0.0) > 0),
+    "nn.functional.multi_head_attention_forward": (
+        "training samples with dropout_p > 0 are random (compared: dtype, shape, device)",
+        lambda sample: sample.kwargs.get("training", True) and sample.args[9] > 0),
+} | {
     name: "uninitialised values (compared: dtype, shape, device)"
     for name in ("empty", "empty_like", "empty_permuted", "empty_strided", "new_empty", "new_empty_strided")
 }
