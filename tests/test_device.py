@@ -90,3 +90,20 @@ def test_import_is_light():
 
 def test_version():
     assert torch_tpu.__version__
+
+
+def test_pinned_host_memory_like_cuda():
+    """pin_memory(), DataLoader(pin_memory=True) and non_blocking copies to the CPU work as on CUDA."""
+    x = torch.randn(5)
+    pinned = x.pin_memory()
+    assert pinned.is_pinned() and not x.is_pinned()
+    on_tpu = pinned.to("tpu", non_blocking=True)
+    back = on_tpu.to("cpu", non_blocking=True)  # allocated pinned, like CUDA's non_blocking device->host copy
+    torch.tpu.synchronize()
+    assert back.is_pinned()
+    torch.testing.assert_close(back, x)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.arange(8.0)), batch_size=4,
+                                         pin_memory=True)
+    batches = list(loader)
+    assert all(b.is_pinned() for (b,) in batches)
+    torch.testing.assert_close(torch.cat([b for (b,) in batches]), torch.arange(8.0))

@@ -14,6 +14,7 @@
 #include <ATen/native/transformers/attention.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/core/impl/alloc_cpu.h>
 #include <torch/csrc/Generator.h>
 #include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/autograd/python_variable.h>
@@ -21,6 +22,7 @@
 #include <atomic>
 #include <mutex>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 namespace {
@@ -195,6 +197,38 @@ struct TpuGenerator final : c10::GeneratorImpl {
 std::mutex g_generators_mutex;
 std::vector<at::Generator> g_default_generators;
 
+// ---------------------------------------------------------------- pinned host memory
+// `pin_memory()`, DataLoader(pin_memory=True) and `t.to("cpu", non_blocking=True)` ask the
+// device's hooks for a pinned host allocator. XLA copies host buffers itself (page-locking buys
+// nothing through PJRT's host transfers), so pinned tensors are ordinary CPU allocations that
+// remember they were pinned, for `is_pinned()`.
+std::mutex g_pinned_mutex;
+std::unordered_set<const void*> g_pinned;
+
+void delete_pinned(void* ptr) {
+  {
+    std::lock_guard<std::mutex> lock(g_pinned_mutex);
+    g_pinned.erase(ptr);
+  }
+  c10::free_cpu(ptr);
+}
+
+struct PinnedAllocator final : c10::Allocator {
+  c10::DataPtr allocate(size_t nbytes) override {
+    void* ptr = nbytes ? c10::alloc_cpu(nbytes) : nullptr;
+    if (ptr) {
+      std::lock_guard<std::mutex> lock(g_pinned_mutex);
+      g_pinned.insert(ptr);
+    }
+    return {ptr, ptr, &delete_pinned, Device(c10::DeviceType::CPU)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &delete_pinned; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+};
+PinnedAllocator g_pinned_allocator;
+
 struct TpuHooks final : at::PrivateUse1HooksInterface {
   bool isBuilt() const override { return true; }
   bool isAvailable() const override { return device_count() > 0; }
@@ -213,7 +247,11 @@ struct TpuHooks final : at::PrivateUse1HooksInterface {
   }
   Device getDeviceFromPtr(void*) const override { return Device(kTpu, t_current_device); }
   bool hasPrimaryContext(DeviceIndex index) const override { return g_device_count.load() > 0; }
-  bool isPinnedPtr(const void*) const override { return false; }
+  bool isPinnedPtr(const void* ptr) const override {
+    std::lock_guard<std::mutex> lock(g_pinned_mutex);
+    return g_pinned.count(ptr) > 0;
+  }
+  at::Allocator* getPinnedMemoryAllocator() const override { return &g_pinned_allocator; }
 };
 
 // ---------------------------------------------------------------- factories
