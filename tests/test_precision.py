@@ -411,7 +411,7 @@ def test_precision_in_metrics_report(torch_default):
     a, b = (t.to(TPU) for t in _operands(((8, 20), (20, 8)), seed=19))
     before = precision.traced["medium"]
     (a @ b).cpu()
-    assert precision.traced["medium"] == before + 1
+    assert precision.traced["medium"] > before  # once in Strict; DeferAndFuse also traces the fused graph
     report = metrics.report()
     assert "precision: float32 matmul" in report
     assert "medium (default)" in report
