@@ -224,7 +224,9 @@ def memory_worker(name: str, mode: str, steps: int, warmup: int) -> dict:
 
 def memory(name: str, steps: int, warmup: int, precision: str) -> dict:
     out = {}
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
+    # No persistent compile cache: an executable loaded from it would skip program.compile_function
+    # (the wrapper that measures each program's memory).
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", TORCH_TPU_CACHE="0")
     for mode in MODES:
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", f"{name}:{mode}", "--steps", str(steps),
                "--warmup", str(warmup), "--precision", precision]
