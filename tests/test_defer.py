@@ -380,7 +380,7 @@ class _Probe:
         return self
 
     def __exit__(self, *exc):
-        for key in [k for k in executor.programs if k[0] == self.op]:
+        for key in [k for k in executor.programs if k[0] == str(self.op)]:
             del executor.programs[key]
 
     def __call__(self, fn, x):

@@ -119,7 +119,7 @@ def record(spec, lowering, via_functional: bool, full: list):
     with lock:
         if not config.defer_and_fuse:  # the mode changed while this thread waited for the lock
             return executor._execute_slow(spec, lowering, via_functional, full)
-        sig = _fast_signature(spec.op, spec.kinds, full, _buffers, lowering.static_scalars)
+        sig = _fast_signature(spec.name, spec.kinds, full, _buffers, lowering.static_scalars)
         if sig is None:
             sig = executor.signature(spec, lowering, full)
         key, addresses, entries, scalars, device, generator = sig

@@ -132,7 +132,7 @@ def signature(spec: OpSpec, lowering: Lowering, full: list):
         entry = _buffers.get(address)
         slot_entries.append(entry)
         slots.append((None if entry is None else entry[1], nbytes))
-    key = (spec.op, device, *entries, tuple(slots))
+    key = (spec.name, device, *entries, tuple(slots))
     return key, slot_addresses, slot_entries, scalars, device, generator
 
 
@@ -163,7 +163,7 @@ _MISS = object()
 def kernel(spec: OpSpec, lowering: Lowering, via_functional: bool):
     """The tpu kernel registered for one op: native for cache hits, `execute` otherwise."""
     k = _native.OpKernel()
-    k.op, k.kinds, k.names, k.defaults, k.required = spec.op, spec.kinds, spec.names, spec.defaults, opspec.REQUIRED
+    k.op, k.kinds, k.names, k.defaults, k.required = spec.name, spec.kinds, spec.names, spec.defaults, opspec.REQUIRED
     k.static_scalars, k.precision, k.use_fast = lowering.static_scalars, lowering.precision, not lowering.rng
     k.slow = functools.partial(execute, spec, lowering, via_functional)
     k.programs, k.buffers, k.scalar_cache, k.miss = programs, _buffers, _scalar_cache, _MISS
@@ -196,7 +196,7 @@ def execute(spec: OpSpec, lowering: Lowering, via_functional: bool, *args, **kwa
 
 def _execute_slow(spec: OpSpec, lowering: Lowering, via_functional: bool, full: list):
     """The Python path: misses, first runs, RNG ops, debug mode, unusual arguments."""
-    sig = _fast_signature(spec.op, spec.kinds, full, _buffers, lowering.static_scalars)
+    sig = _fast_signature(spec.name, spec.kinds, full, _buffers, lowering.static_scalars)
     if sig is None:
         sig = signature(spec, lowering, full)
     key, slot_addresses, slot_entries, scalars, device, generator = sig

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import sys
 
 import torch
 
@@ -46,7 +47,8 @@ class OpSpec:
     def __init__(self, op: torch._ops.OpOverload, mutates: tuple[str, ...] = ()):
         schema = op._schema
         self.op = op
-        self.name = str(op)
+        # Also the first element of every signature: a str hashes in C (an OpOverload in Python).
+        self.name = sys.intern(str(op))
         args = schema.arguments
         self.names = tuple(a.name for a in args)
         self.n_args = len(args)
