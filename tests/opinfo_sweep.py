@@ -362,11 +362,23 @@ def _copied(sample, device: str, made_on: str):
         return y.requires_grad_(x.requires_grad) if x.requires_grad else y
 
     out = sample.transform(copy)
-    if device != made_on and "device" in out.kwargs:
-        value = out.kwargs["device"]
-        if value is not None and torch.device(value).type == made_on:
+    if device != made_on:
+        if "device" in out.kwargs and _names_device(out.kwargs["device"], made_on):
             out.kwargs["device"] = device
+        out.args = tuple(device if _names_device(a, made_on) else a for a in out.args)  # x.to("cpu", ...)
     return out
+
+
+def _names_device(value, device_type: str) -> bool:
+    """Whether a sample argument is a device (torch.device or string) of `device_type`."""
+    if isinstance(value, torch.device):
+        return value.type == device_type
+    if isinstance(value, str):
+        try:
+            return torch.device(value).type == device_type
+        except RuntimeError:
+            return False
+    return False
 
 
 def op_db():
