@@ -118,3 +118,19 @@ def test_metrics_report_mentions_everything():
     assert counters["ops_executed"] > 0
     metrics.reset()
     assert metrics.counters()["ops_executed"] == 0
+
+
+def test_python_execute_takes_the_native_hit_path():
+    """executor.execute (where a kernel goes when its native call misses) serves a cached program natively."""
+    import torch_tpu
+    from torch_tpu import _native
+    from torch_tpu.eager.opspec import spec
+    from torch_tpu.ops import registry
+
+    x, y = torch.ones(3, device="tpu"), torch.full((3,), 2.0, device="tpu")
+    with torch_tpu.execution_mode("strict"):
+        (x + y).cpu()  # compiles and caches the program
+        before = _native.fast_op_count()
+        out = executor.execute(spec(torch.ops.aten.add.Tensor), registry.get(torch.ops.aten.add.Tensor), False, x, y)
+        assert _native.fast_op_count() == before + 1
+    torch.testing.assert_close(out.cpu(), torch.full((3,), 3.0))

@@ -185,7 +185,7 @@ def execute(spec: OpSpec, lowering: Lowering, via_functional: bool, *args, **kwa
         # Cache hit: one native call does signature, lookup, launch and outputs.
         extra = (precision.matmul_precision(),) if lowering.precision else ()
         try:
-            out = _run_cached(spec.op, spec.kinds, full, _buffers, lowering.static_scalars, programs, _scalar_cache,
+            out = _run_cached(spec.name, spec.kinds, full, _buffers, lowering.static_scalars, programs, _scalar_cache,
                               extra, _MISS)
         except jax.errors.JaxRuntimeError as err:
             raise translate_runtime_error(err, spec.name) from None
