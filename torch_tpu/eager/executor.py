@@ -219,9 +219,12 @@ def _execute_slow(spec: OpSpec, lowering: Lowering, via_functional: bool, full: 
         scalars = _device_scalars(scalars, device)
     executable = prog.executable
     try:
-        if executable is None:
+        first = executable is None
+        if first:
             executable = program_mod.compile_program(prog, platform.get().shardings[device], arrays, scalars)
         fresh, updated = executable(arrays, scalars)
+        if first:
+            prog.adopt_direct_call()
         if config.launch_blocking:
             jax.block_until_ready((fresh, updated))
             _counts.synchronous_waits += 1

@@ -112,6 +112,18 @@ class OpProgram:
                      self.executable)
 
 
+    def adopt_direct_call(self) -> None:
+        """After the first launch: give the native path the C++ callable behind a `jax.stages.Compiled`.
+
+        NOTE(jax 0.10): `Compiled.__call__` creates it on the first call (`_call`) and then only
+        forwards to it; calling it directly saves a Python frame per cache hit. Executables of
+        other types (loaded from the compile cache) are kept as they are.
+        """
+        direct = getattr(self.executable, "_call", None)
+        if self.fast is not None and direct is not None and self.fast[5] is self.executable:
+            self.fast = (*self.fast[:5], direct)
+
+
 def build(key, spec: OpSpec, lowering: Lowering, scalars: list, via_functional: bool) -> OpProgram:
     """Compile-time work for a new signature: meta run, promotion, trace."""
     device = key[1]
