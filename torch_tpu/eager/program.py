@@ -418,7 +418,7 @@ def compile_program(program: OpProgram, sharding, slot_arrays, scalars):
 
 def indexable(program: OpProgram) -> bool:
     """Whether the signature alone determines the program (see cache/key.py): aten ops lowered by our code or JAX."""
-    if not cache.settings().enabled or program.lowering is None:
+    if program.lowering is None:
         return False
     module = getattr(program.lowering.fn, "__module__", None) or ""
     return program.spec.op.namespace == "aten" and module.split(".")[0] in ("torch_tpu", "jax")
