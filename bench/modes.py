@@ -57,21 +57,10 @@ from torch_tpu import metrics  # noqa: E402
 MODES = ("strict", "defer_and_fuse")
 
 
-def _gpt():
+def _gpt(block_size=128, n_embd=256):
     from examples.gpt import GPT, GPTConfig
 
-    config = GPTConfig(vocab_size=96, block_size=128, n_layer=4, n_head=4, n_embd=256)
-    model = GPT(config)
-    g = torch.Generator().manual_seed(0)
-    x = torch.randint(0, config.vocab_size, (8, config.block_size), generator=g)
-    y = torch.randint(0, config.vocab_size, (8, config.block_size), generator=g)
-    return model, (x, y), lambda m, batch: m(*batch)[1]
-
-
-def _gpt_small():
-    from examples.gpt import GPT, GPTConfig
-
-    config = GPTConfig(vocab_size=96, block_size=32, n_layer=4, n_head=4, n_embd=64)
+    config = GPTConfig(vocab_size=96, block_size=block_size, n_layer=4, n_head=4, n_embd=n_embd)
     model = GPT(config)
     g = torch.Generator().manual_seed(0)
     x = torch.randint(0, config.vocab_size, (8, config.block_size), generator=g)
@@ -89,7 +78,7 @@ def _mlp():
     return model, batch, lambda m, b: torch.nn.functional.cross_entropy(m(b[0]), b[1])
 
 
-MODELS = {"gpt": _gpt, "mlp": _mlp, "gpt-small": _gpt_small}
+MODELS = {"gpt": _gpt, "mlp": _mlp, "gpt-small": lambda: _gpt(block_size=32, n_embd=64)}
 
 
 class Trainer:

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from conftest import assert_matches_cpu
+from conftest import assert_close_tree, assert_matches_cpu
 
 from torch_tpu import metrics
 
@@ -175,8 +175,7 @@ def test_normalization_module(make, shape, train):
     for _ in range(2):  # two steps: the second uses the running stats the first wrote
         expected = _train_step(cpu, x.clone().requires_grad_())
         actual = _train_step(tpu, x.to("tpu").requires_grad_())
-        for a, e in zip(torch.utils._pytree.tree_leaves(actual), torch.utils._pytree.tree_leaves(expected)):
-            torch.testing.assert_close(a.cpu(), e, atol=1e-4, rtol=1e-4)
+        assert_close_tree(actual, expected, atol=1e-4, rtol=1e-4)
         cpu.zero_grad()
         tpu.zero_grad()
 
@@ -581,8 +580,7 @@ def test_recurrent(make, shape):
 
     expected = step(cpu, x.clone().requires_grad_())
     actual = step(tpu, x.to("tpu").requires_grad_())
-    for a, e in zip(torch.utils._pytree.tree_leaves(actual), torch.utils._pytree.tree_leaves(expected)):
-        torch.testing.assert_close(a.cpu(), e, atol=1e-5, rtol=1e-5)
+    assert_close_tree(actual, expected, atol=1e-5, rtol=1e-5)
 
 
 def test_lstm_packed_sequence():
@@ -649,8 +647,7 @@ def test_inference_fast_path(make, kwargs):
     with Record():
         actual = run(tpu, "tpu")
     assert any(op.startswith(fused) for op in launched), launched
-    for a, e in zip(torch.utils._pytree.tree_leaves(actual), torch.utils._pytree.tree_leaves(expected)):
-        torch.testing.assert_close(a.cpu(), e, atol=1e-5, rtol=1e-5)
+    assert_close_tree(actual, expected, atol=1e-5, rtol=1e-5)
 
 
 # ---------------------------------------------------------------- float32 precision policy
@@ -730,8 +727,7 @@ def test_channels_last_cnn_block():
     x = torch.randn(2, 3, 6, 6).to(memory_format=torch.channels_last)
     expected = _train_step(cpu, x.clone().requires_grad_())
     actual = _train_step(tpu, x.to("tpu").requires_grad_())
-    for a, e in zip(torch.utils._pytree.tree_leaves(actual), torch.utils._pytree.tree_leaves(expected)):
-        torch.testing.assert_close(a.cpu(), e, atol=1e-4, rtol=1e-4)
+    assert_close_tree(actual, expected, atol=1e-4, rtol=1e-4)
 
 
 def test_double_backward_gradient_penalty():
