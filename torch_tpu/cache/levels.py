@@ -329,9 +329,12 @@ def compile(lowered, device, program_key: str | None = None, options: tuple = ()
             host = host_store()
             flight = host.single_flight(fp) if host is not None else contextlib.nullcontext(None)
             with flight as outcome:
-                if outcome is not None and outcome.waited:
-                    _stats.waits += 1
-                    _stats.wait_seconds += outcome.seconds
+                if outcome is not None:
+                    if outcome.waited:
+                        _stats.waits += 1
+                        _stats.wait_seconds += outcome.seconds
+                    # Look again under the lock: another process may have stored it between our miss
+                    # above and taking the lock, without us having to wait for it.
                     result = _load(fp, device, in_tree, out_tree, count_misses=False)
                 if outcome is not None and not outcome.acquired:
                     _stats.lock_timeouts += 1
