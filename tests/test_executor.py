@@ -6,6 +6,7 @@ import sys
 import pytest
 import torch
 
+from conftest import assert_close_tree
 from torch_tpu import metrics
 from torch_tpu.eager import executor
 
@@ -75,6 +76,7 @@ def _run(code, tmp_path=None, **env):
 
 DEBUG_SCRIPT = """
 import torch, torch_tpu
+from conftest import assert_close_tree
 from torch_tpu import metrics
 x = torch.ones(3, device='tpu')
 y = x + 1
@@ -134,3 +136,47 @@ def test_python_execute_takes_the_native_hit_path():
         out = executor.execute(spec(torch.ops.aten.add.Tensor), registry.get(torch.ops.aten.add.Tensor), False, x, y)
         assert _native.fast_op_count() == before + 1
     torch.testing.assert_close(out.cpu(), torch.full((3,), 3.0))
+
+
+def test_boxed_kernels_serve_cache_hits_like_the_python_path():
+    """Cache hits run in the boxed C++ kernels: in-place on views, list and multi-output returns,
+    wrapped numbers, static scalars and dtype arguments give CPU's results, each counted as a hit."""
+    import torch_tpu
+    from torch_tpu import _native
+
+    a = torch.randn(4, 6)
+    cases = [
+        lambda t: t * 1.5 - 2,  # wrapped numbers (runtime scalars)
+        lambda t: t[1:].add_(1.0, alpha=3),  # in-place on a view: returns its argument
+        lambda t: torch.topk(t, 2, dim=1),  # two fresh outputs
+        lambda t: torch._foreach_mul([t, t[0]], 2.0),  # a list return
+        lambda t: t.sum(dim=1, dtype=torch.float64),  # a dtype argument, static ints
+        lambda t: torch.cat([t, t.t().contiguous().view(4, 6)], 0),  # a tensor list
+        lambda t: torch.nn.functional.leaky_relu(t, 0.2),  # a static scalar lowering
+    ]
+    with torch_tpu.execution_mode("strict"):
+        for case in cases:
+            for _ in range(2):  # the second call is a cache hit
+                t = a.to("tpu")
+                before = _native.fast_op_count()
+                got = case(t)
+                hits = _native.fast_op_count() - before
+                expected_input = a.clone()
+                expected = case(expected_input)
+                assert_close_tree(got, expected)
+                torch.testing.assert_close(t.cpu(), expected_input)  # what it wrote, through views too
+            assert hits >= 1, case
+
+
+def test_forgetting_programs_forgets_the_boxed_kernels_entries():
+    """executor.programs.clear() sends the next call back through the Python path (it recompiles)."""
+    import torch_tpu
+
+    x = torch.randn(5, device="tpu")
+    with torch_tpu.execution_mode("strict"), torch_tpu.cache.configured(enabled=False):
+        (x * 3.0).cpu()
+        (x * 3.0).cpu()
+        executor.programs.clear()
+        misses = metrics.counts.cache_misses
+        torch.testing.assert_close((x * 3.0).cpu(), x.cpu() * 3.0)
+        assert metrics.counts.cache_misses == misses + 1

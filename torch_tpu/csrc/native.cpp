@@ -18,9 +18,16 @@
 #include <torch/csrc/Generator.h>
 #include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/Exceptions.h>
+#include <torch/csrc/jit/python/pybind_utils.h>
+#include <torch/csrc/utils/tensor_memoryformats.h>
+#include <torch/library.h>
 
 #include <atomic>
+#include <cstring>
+#include <memory>
 #include <mutex>
+#include <string>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -587,6 +594,489 @@ py::list new_outputs(py::sequence layouts, py::sequence arrays, int index, py::d
   return out;
 }
 
+// ---------------------------------------------------------------- boxed kernels
+// Lowered ops are registered with the dispatcher as boxed C++ kernels (not Python callables): a
+// cache hit reads the dispatcher's stack of IValues directly and pushes its results back, with no
+// Python objects for the arguments, no argument normalization and no tuple key. Its key is a flat
+// byte string holding everything the executor's tuple key holds (eager/program.py), per kernel;
+// an entry is made from the Python program cache (`programs`) the first time a key is seen after
+// its program exists, so both always agree. Anything unusual takes the Python path (`slow`).
+
+// How an argument reaches Python: PyTorch's Python kernels get dtypes, layouts and memory formats
+// as their Python objects, everything else as torch::jit::toPyObject makes it.
+enum Convert : uint8_t { kAsIs = 0, kDtype, kLayout, kMemoryFormat };
+
+Convert convert_of(c10::TypePtr type) {
+  if (auto optional = type->cast<c10::OptionalType>()) type = optional->getElementType();
+  switch (type->kind()) {
+    case c10::TypeKind::ScalarTypeType: return kDtype;
+    case c10::TypeKind::LayoutType: return kLayout;
+    case c10::TypeKind::MemoryFormatType: return kMemoryFormat;
+    default: return kAsIs;
+  }
+}
+
+py::object to_python(const c10::IValue& v, Convert how) {
+  if (v.isNone()) return py::none();
+  switch (how) {
+    case kDtype:
+      return py::reinterpret_borrow<py::object>(
+          reinterpret_cast<PyObject*>(torch::getTHPDtype(static_cast<at::ScalarType>(v.toInt()))));
+    case kLayout:
+      return py::reinterpret_borrow<py::object>(
+          reinterpret_cast<PyObject*>(torch::getTHPLayout(static_cast<at::Layout>(v.toInt()))));
+    case kMemoryFormat:
+      return py::reinterpret_borrow<py::object>(
+          torch::utils::getTHPMemoryFormat(static_cast<at::MemoryFormat>(v.toInt())));
+    default:
+      return torch::jit::toPyObject(v);
+  }
+}
+
+// A runtime scalar: its Python type (0 float, 1 int, 2 bool) and value.
+struct RuntimeScalar {
+  uint8_t type;
+  double d;
+  int64_t i;
+  py::object to_python() const {
+    if (type == 0) return py::float_(d);
+    if (type == 1) return py::int_(i);
+    return py::bool_(i != 0);
+  }
+};
+
+// Device arrays of runtime scalars, by (type, value bits, device); fed from the executor's
+// `_scalar_cache` (which creates them), so both hold the same arrays.
+struct ScalarKey {
+  uint8_t type;
+  int64_t bits;
+  int device;
+  bool operator==(const ScalarKey& o) const { return type == o.type && bits == o.bits && device == o.device; }
+};
+struct ScalarKeyHash {
+  size_t operator()(const ScalarKey& k) const {
+    return std::hash<int64_t>()(k.bits) * 31 + k.type * 7 + static_cast<size_t>(k.device);
+  }
+};
+// Never destroyed: its Python objects must not be released after the interpreter is gone.
+auto& g_scalar_arrays = *new std::unordered_map<ScalarKey, py::object, ScalarKeyHash>();
+constexpr size_t kScalarArraysLimit = 4096;
+
+// Bumped whenever the Python program cache forgets programs: every kernel then drops its entries.
+std::atomic<uint64_t> g_generation{0};
+
+struct OutputLayout {
+  bool defined = false;
+  std::vector<int64_t> sizes, strides;
+  at::ScalarType type = at::kFloat;
+  py::object dtype;
+};
+
+// What a cache hit needs, converted once from `OpProgram.fast` (see executor.py).
+struct FastEntry {
+  std::vector<size_t> input_slots, updated_slots;
+  std::vector<py::object> slot_dtypes;
+  std::vector<OutputLayout> outputs;
+  std::vector<std::array<int64_t, 3>> returns;  // (kind, a, b) as in run_cached
+  py::object executable;
+};
+
+// The byte key of one call, built from the dispatcher's stack.
+struct KeyBuilder {
+  std::string key;
+  std::vector<uint64_t> addresses;
+  std::vector<int64_t> nbytes;
+  std::vector<RuntimeScalar> scalars;
+  int device = -1;
+
+  void put(int64_t x) { key.append(reinterpret_cast<const char*>(&x), sizeof(x)); }
+  void tag(char c) { key.push_back(c); }
+
+  bool tensor(const at::Tensor& t) {
+    if (!t.defined() || t.device().type() != kTpu) return false;
+    int index = t.device().index();
+    if (device != index) {
+      if (device >= 0) return false;
+      device = index;
+    }
+    const c10::Storage& s = t.storage();
+    uint64_t address = reinterpret_cast<uint64_t>(s.data());
+    size_t slot = 0;
+    while (slot < addresses.size() && addresses[slot] != address) ++slot;
+    if (slot == addresses.size()) {
+      addresses.push_back(address);
+      nbytes.push_back(static_cast<int64_t>(s.nbytes()));
+    }
+    tag('T');
+    tag(static_cast<char>(t.scalar_type()));
+    put(t.dim());
+    for (int64_t size : t.sizes()) put(size);
+    for (int64_t stride : t.strides()) put(stride);
+    int64_t offset = t.storage_offset();
+    tag(offset != 0);
+    if (offset != 0) scalars.push_back({1, 0.0, offset});
+    put(static_cast<int64_t>(slot));
+    return true;
+  }
+
+  // A Python number (or a wrapped one): its type in the key, its value a runtime scalar or, for
+  // lowerings with static scalars, in the key.
+  bool number(const c10::IValue& v, bool in_key) {
+    RuntimeScalar s{};
+    if (v.isDouble()) {
+      s = {0, v.toDouble(), 0};
+    } else if (v.isBool()) {
+      s = {2, 0.0, v.toBool()};
+    } else if (v.isInt()) {
+      s = {1, 0.0, v.toInt()};
+    } else {
+      return false;
+    }
+    tag(in_key ? 'V' : 'S');
+    tag(static_cast<char>(s.type));
+    if (in_key) {
+      int64_t bits = s.i;
+      if (s.type == 0) std::memcpy(&bits, &s.d, sizeof(bits));
+      put(bits);
+    } else {
+      scalars.push_back(s);
+    }
+    return true;
+  }
+
+  bool wrapped_number(const at::Tensor& t) {
+    switch (t.scalar_type()) {
+      case at::kDouble: return number(c10::IValue(t.item<double>()), false);
+      case at::kLong: return number(c10::IValue(t.item<int64_t>()), false);
+      case at::kBool: return number(c10::IValue(t.item<bool>()), false);
+      default: return false;
+    }
+  }
+
+  bool static_value(const c10::IValue& v) {
+    if (v.isNone()) {
+      tag('n');
+    } else if (v.isBool()) {
+      tag('b');
+      tag(v.toBool());
+    } else if (v.isInt()) {
+      tag('i');
+      put(v.toInt());
+    } else if (v.isDouble()) {
+      tag('d');
+      double d = v.toDouble();
+      key.append(reinterpret_cast<const char*>(&d), sizeof(d));
+    } else if (v.isString()) {
+      const std::string& s = v.toStringRef();
+      tag('s');
+      put(static_cast<int64_t>(s.size()));
+      key.append(s);
+    } else if (v.isDevice()) {
+      tag('D');
+      tag(static_cast<char>(v.toDevice().type()));
+      tag(static_cast<char>(v.toDevice().index()));
+    } else if (v.isList()) {
+      c10::ArrayRef<c10::IValue> items = v.toListRef();
+      tag('L');
+      put(static_cast<int64_t>(items.size()));
+      for (const c10::IValue& item : items)
+        if (!static_value(item)) return false;
+    } else {
+      return false;  // a SymInt, a tuple, ...: the Python path
+    }
+    return true;
+  }
+
+  bool argument(int kind, const c10::IValue& v, bool static_scalars) {
+    if (v.isNone()) {
+      tag('n');
+      return true;
+    }
+    switch (kind) {
+      case kTensor:
+      case kOptTensor: {
+        if (!v.isTensor()) return false;
+        const at::Tensor& t = v.toTensor();
+        if (t.unsafeGetTensorImpl()->is_wrapped_number()) return wrapped_number(t);
+        return tensor(t);
+      }
+      case kTensorList:
+      case kOptTensorList: {
+        if (!v.isList() && !v.isTensorList()) return false;
+        c10::ArrayRef<c10::IValue> items = v.toListRef();
+        tag('l');
+        put(static_cast<int64_t>(items.size()));
+        for (const c10::IValue& item : items) {
+          if (item.isNone()) {
+            tag('n');
+          } else if (!item.isTensor() || !tensor(item.toTensor())) {
+            return false;
+          }
+        }
+        return true;
+      }
+      case kScalar:
+      case kOptScalar:
+        return number(v, static_scalars);
+      case kScalarList: {
+        if (!v.isList()) return false;
+        c10::ArrayRef<c10::IValue> items = v.toListRef();
+        tag('q');
+        put(static_cast<int64_t>(items.size()));
+        for (const c10::IValue& item : items)
+          if (!number(item, false)) return false;
+        return true;
+      }
+      case kGenerator:
+        return false;  // random ops take the Python path (they advance the generator)
+      default:
+        return static_value(v);
+    }
+  }
+};
+
+KeyBuilder& key_builder() {
+  thread_local KeyBuilder b;
+  return b;
+}
+
+struct BoxedKernel final : c10::OperatorKernel {
+  py::object holder;  // the OpKernel (Python object): keeps it alive
+  OpKernel* k;
+  std::vector<Convert> converts;
+  std::vector<c10::TypePtr> return_types;
+  // Never destroyed with the kernel: PyTorch's dispatcher frees kernels at process exit, after the
+  // interpreter is gone, when their Python objects must not be released any more.
+  std::unordered_map<std::string, std::shared_ptr<FastEntry>>& entries =
+      *new std::unordered_map<std::string, std::shared_ptr<FastEntry>>();
+  uint64_t generation = 0;
+
+  ~BoxedKernel() override { holder.release(); }
+
+  BoxedKernel(py::object kernel, const c10::FunctionSchema& schema)
+      : holder(std::move(kernel)), k(holder.cast<OpKernel*>()) {
+    for (const c10::Argument& a : schema.arguments()) converts.push_back(convert_of(a.real_type()));
+    for (const c10::Argument& r : schema.returns()) return_types.push_back(r.real_type());
+  }
+
+  void operator()(const c10::OperatorHandle&, c10::DispatchKeySet, torch::jit::Stack* stack) {
+    py::gil_scoped_acquire gil;
+    size_t n = converts.size();
+    std::vector<c10::IValue> args = torch::jit::pop(*stack, n);
+    if (k->use_fast && g_fast_enabled.load(std::memory_order_relaxed) && fast(args, stack)) return;
+    slow(args, stack);
+  }
+
+  // The Python path: arguments as Python objects, results back onto the stack.
+  void slow(const std::vector<c10::IValue>& args, torch::jit::Stack* stack) {
+    py::list full = python_args(args);
+    py::object out;
+    try {
+      out = k->slow(*full);
+    } catch (py::error_already_set& e) {
+      e.restore();
+      throw python_error();
+    }
+    size_t n_returns = return_types.size();
+    if (n_returns == 1) {
+      torch::jit::push(stack, torch::jit::toIValue(out, return_types[0]));
+    } else if (n_returns > 1) {
+      py::sequence outs = out.cast<py::sequence>();
+      for (size_t r = 0; r < n_returns; ++r) torch::jit::push(stack, torch::jit::toIValue(outs[r], return_types[r]));
+    }
+  }
+
+  py::list python_args(const std::vector<c10::IValue>& args) {
+    py::list full(args.size());
+    for (size_t i = 0; i < args.size(); ++i) full[i] = to_python(args[i], converts[i]);
+    return full;
+  }
+
+  // A cache hit: run and push the results; false (nothing done) when the Python path must run.
+  bool fast(const std::vector<c10::IValue>& args, torch::jit::Stack* stack) {
+    py::dict buffers = py::reinterpret_borrow<py::dict>(k->buffers);
+    drain_into(buffers);
+    KeyBuilder& b = key_builder();
+    b.key.clear();
+    b.addresses.clear();
+    b.nbytes.clear();
+    b.scalars.clear();
+    b.device = -1;
+    size_t n = args.size();
+    for (size_t i = 0; i < n; ++i) {
+      int kind = PyLong_AsLong(PyTuple_GET_ITEM(k->kinds.ptr(), i));
+      if (!b.argument(kind, args[i], k->static_scalars)) return false;
+    }
+    if (b.device < 0) return false;
+    b.put(b.device);
+    // The slots: their current buffers (an entry is (array, dtype)); the buffer dtype is in the key.
+    size_t n_slots = b.addresses.size();
+    std::vector<py::object> slot_keys(n_slots), slot_arrays(n_slots);
+    for (size_t j = 0; j < n_slots; ++j) {
+      slot_keys[j] = py::int_(b.addresses[j]);
+      PyObject* found = PyDict_GetItem(buffers.ptr(), slot_keys[j].ptr());  // borrowed
+      if (found == nullptr) {
+        b.tag('x');
+      } else {
+        PyObject* dtype = PyTuple_GET_ITEM(found, 1);
+        if (!THPDtype_Check(dtype)) return false;
+        b.tag(static_cast<char>(reinterpret_cast<THPDtype*>(dtype)->scalar_type));
+        slot_arrays[j] = py::reinterpret_borrow<py::object>(PyTuple_GET_ITEM(found, 0));
+      }
+      b.put(b.nbytes[j]);
+    }
+    if (k->precision) b.key.append(py::str(k->precision_key()).cast<std::string>());
+
+    uint64_t now = g_generation.load(std::memory_order_relaxed);
+    if (generation != now) {
+      entries.clear();
+      generation = now;
+    }
+    std::shared_ptr<FastEntry> entry;
+    auto it = entries.find(b.key);
+    if (it != entries.end()) {
+      entry = it->second;
+    } else {
+      entry = from_programs(args, buffers);
+      if (!entry) return false;
+      entries.emplace(b.key, entry);
+    }
+    return run(*entry, b, args, buffers, slot_keys, slot_arrays, stack);
+  }
+
+  // The entry for this call from the Python program cache: the executor's own tuple key.
+  std::shared_ptr<FastEntry> from_programs(const std::vector<c10::IValue>& args, py::dict& buffers) {
+    Signature sig;
+    if (!build_signature(k->op, k->kinds, python_args(args), buffers, k->static_scalars, sig)) return nullptr;
+    py::object key = sig.key;
+    if (k->precision) {
+      py::tuple extra = py::make_tuple(k->precision_key());
+      key = py::reinterpret_steal<py::object>(PySequence_Concat(sig.key.ptr(), extra.ptr()));
+    }
+    PyObject* prog = PyDict_GetItem(k->programs.ptr(), key.ptr());  // borrowed
+    if (prog == nullptr) return nullptr;
+    py::object fast = py::reinterpret_borrow<py::object>(prog).attr("fast");
+    if (fast.is_none()) return nullptr;
+    py::tuple f = fast.cast<py::tuple>();
+    auto entry = std::make_shared<FastEntry>();
+    for (auto slot : f[0].cast<py::tuple>()) entry->input_slots.push_back(slot.cast<size_t>());
+    for (auto slot : f[1].cast<py::tuple>()) entry->updated_slots.push_back(slot.cast<size_t>());
+    for (auto dtype : f[2]) entry->slot_dtypes.push_back(py::reinterpret_borrow<py::object>(dtype));
+    for (auto layout : f[3]) {
+      OutputLayout out;
+      if (!layout.is_none()) {
+        py::tuple l = layout.cast<py::tuple>();
+        out.defined = true;
+        out.sizes = l[0].cast<std::vector<int64_t>>();
+        out.strides = l[1].cast<std::vector<int64_t>>();
+        out.dtype = l[2];
+        out.type = reinterpret_cast<THPDtype*>(out.dtype.ptr())->scalar_type;
+      }
+      entry->outputs.push_back(std::move(out));
+    }
+    for (auto item : f[4]) {
+      py::tuple r = item.cast<py::tuple>();
+      entry->returns.push_back({r[0].cast<int64_t>(), r[1].cast<int64_t>(), r[2].cast<int64_t>()});
+    }
+    entry->executable = f[5];
+    return entry;
+  }
+
+  bool run(const FastEntry& e, const KeyBuilder& b, const std::vector<c10::IValue>& args, py::dict& buffers,
+           const std::vector<py::object>& slot_keys, const std::vector<py::object>& slot_arrays,
+           torch::jit::Stack* stack) {
+    const int device = b.device;
+    py::list arrays(e.input_slots.size());
+    for (size_t i = 0; i < e.input_slots.size(); ++i) {
+      const py::object& array = slot_arrays[e.input_slots[i]];
+      if (!array) return false;  // a slot never written: the Python path reads it as zeros
+      arrays[i] = array;
+    }
+    py::list scalars(b.scalars.size());
+    for (size_t i = 0; i < b.scalars.size(); ++i) {
+      const RuntimeScalar& s = b.scalars[i];
+      int64_t bits = s.i;
+      if (s.type == 0) std::memcpy(&bits, &s.d, sizeof(bits));
+      ScalarKey sk{s.type, bits, device};
+      auto found = g_scalar_arrays.find(sk);
+      if (found == g_scalar_arrays.end()) {
+        py::object value = s.to_python();
+        py::tuple cache_key = py::make_tuple(py::handle(reinterpret_cast<PyObject*>(Py_TYPE(value.ptr()))), value,
+                                             py::int_(device));
+        PyObject* array = PyDict_GetItem(k->scalar_cache.ptr(), cache_key.ptr());
+        if (array == nullptr) return false;  // the Python path makes it
+        if (g_scalar_arrays.size() >= kScalarArraysLimit) g_scalar_arrays.clear();
+        found = g_scalar_arrays.emplace(sk, py::reinterpret_borrow<py::object>(array)).first;
+      }
+      scalars[i] = found->second;
+    }
+    py::tuple result;
+    try {
+      result = e.executable(arrays, scalars).cast<py::tuple>();
+    } catch (py::error_already_set& err) {
+      if (!err.matches(k->runtime_error)) {
+        err.restore();
+        throw python_error();
+      }
+      py::object translated = k->translate(err.value(), py::str(k->op));
+      PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(translated.ptr())), translated.ptr());
+      throw python_error();
+    }
+    py::sequence fresh = result[0], updated = result[1];
+    for (size_t i = 0; i < e.updated_slots.size(); ++i) {
+      size_t slot = e.updated_slots[i];
+      buffers[slot_keys[slot]] = py::make_tuple(updated[i], e.slot_dtypes[slot]);
+    }
+    std::vector<at::Tensor> outs;
+    outs.reserve(e.outputs.size());
+    {
+      c10::DeviceGuard guard(Device(kTpu, static_cast<DeviceIndex>(device)));
+      size_t next = 0;
+      for (const OutputLayout& layout : e.outputs) {
+        if (!layout.defined) {
+          outs.emplace_back();
+          continue;
+        }
+        at::Tensor t = at::detail::empty_strided_generic(layout.sizes, layout.strides, &g_allocator,
+                                                         c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                                         layout.type);
+        buffers[py::int_(reinterpret_cast<uint64_t>(t.storage().data()))] =
+            py::make_tuple(fresh[next++], layout.dtype);
+        outs.push_back(std::move(t));
+      }
+    }
+    g_fast_ops += 1;
+    for (const auto& r : e.returns) {
+      if (r[0] == 0) {
+        torch::jit::push(stack, args[r[1]]);
+      } else if (r[0] == 1) {
+        torch::jit::push(stack, outs[r[1]]);
+      } else {
+        c10::List<at::Tensor> list;
+        for (int64_t j = 0; j < r[2]; ++j) list.push_back(outs[r[1] + j]);
+        torch::jit::push(stack, std::move(list));
+      }
+    }
+    return true;
+  }
+
+};
+
+// Registers `kernel` (an OpKernel) as the tpu kernel of `ns::name` ("add.Tensor"). The libraries and
+// kernels live as long as the process (never destroyed: their Python objects outlive no interpreter).
+std::unordered_map<std::string, torch::Library*> g_libraries;
+
+void register_boxed(py::object kernel, const std::string& ns, const std::string& name) {
+  auto dot = name.find('.');
+  std::string base = ns + "::" + name.substr(0, dot);
+  std::string overload = dot == std::string::npos ? "" : name.substr(dot + 1);
+  c10::OperatorHandle op = c10::Dispatcher::singleton().findSchemaOrThrow(base.c_str(), overload.c_str());
+  torch::Library*& lib = g_libraries[ns];
+  if (lib == nullptr) lib = new torch::Library(torch::Library::IMPL, ns, c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+  auto functor = std::make_unique<BoxedKernel>(std::move(kernel), op.schema());
+  lib->impl(name.c_str(), torch::CppFunction::makeFromBoxedFunctor(std::move(functor)));
+}
+
 py::dict memory_stats(int index) {
   TORCH_CHECK(index >= 0 && index < kMaxDevices, "bad device index");
   DeviceMemory& m = g_memory[index];
@@ -683,6 +1173,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_readwrite("use_fast", &OpKernel::use_fast)
       .def_readwrite("precision", &OpKernel::precision)
       .def("__call__", &OpKernel::call);
+  m.def("register_boxed", &register_boxed);
+  m.def("invalidate_fast_entries", []() { g_generation += 1; });
   m.def("fast_op_count", []() { return g_fast_ops.load(); });
   m.def("reset_fast_op_count", []() { g_fast_ops.store(0); });
   m.def("memory_stats", &memory_stats);

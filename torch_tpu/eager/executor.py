@@ -46,8 +46,27 @@ _T, _OT, _TL, _OTL, _S, _OS, _SL, _GEN = (
 
 _NUMBERS = (int, float, bool, complex)
 
-# Level 1 of the compile cache: signature -> OpProgram (with its executable).
-programs: dict[tuple, program_mod.OpProgram] = {}
+class _Programs(dict):
+    """Level 1 of the compile cache: signature -> OpProgram (with its executable).
+
+    The boxed kernels' per-op entries (native.cpp) are made from these programs;
+    removing programs makes every kernel drop its entries.
+    """
+
+    def clear(self):
+        super().clear()
+        _native.invalidate_fast_entries()
+
+    def pop(self, *args):
+        _native.invalidate_fast_entries()
+        return super().pop(*args)
+
+    def __delitem__(self, key):
+        super().__delitem__(key)
+        _native.invalidate_fast_entries()
+
+
+programs: dict[tuple, program_mod.OpProgram] = _Programs()
 
 
 def _device_error(spec: OpSpec, name: str, first: str, second: str) -> RuntimeError:

@@ -15,7 +15,7 @@ import warnings
 import torch
 from torch.utils import _pytree as pytree
 
-from torch_tpu import metrics
+from torch_tpu import _native, metrics
 from torch_tpu.config import config
 from torch_tpu.eager.opspec import functional_counterpart, spec
 
@@ -57,6 +57,10 @@ def register_all() -> None:
                 raise RuntimeError(f"two tpu kernels for {op}")
             _kernels[op] = kernel
             namespace = op._schema.name.split("::")[0]  # our own ops live in "torch_tpu"
+            if isinstance(kernel, _native.OpKernel):  # a boxed C++ kernel: no Python objects on a cache hit
+                _native.register_boxed(kernel, namespace, op._schema.name.split("::")[1] +
+                                       (f".{op._overloadname}" if op._overloadname != "default" else ""))
+                return
             if namespace not in libraries:
                 libraries[namespace] = torch.library.Library(namespace, "IMPL")
                 _libraries.append(libraries[namespace])
