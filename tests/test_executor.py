@@ -76,7 +76,6 @@ def _run(code, tmp_path=None, **env):
 
 DEBUG_SCRIPT = """
 import torch, torch_tpu
-from conftest import assert_close_tree
 from torch_tpu import metrics
 x = torch.ones(3, device='tpu')
 y = x + 1

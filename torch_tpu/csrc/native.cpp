@@ -309,19 +309,18 @@ py::tuple new_tensor(c10::IntArrayRef sizes, c10::IntArrayRef strides, at::Scala
 enum ArgKind { kTensor = 0, kOptTensor, kTensorList, kOptTensorList, kScalar, kOptScalar, kScalarList, kGenerator,
                kStatic };
 
-struct SignatureBuilder {
+// The storages a call touches (its slots), in first-use order, all on one tpu device.
+struct SlotTable {
   std::vector<uint64_t> addresses;
   std::vector<int64_t> nbytes;
-  py::list* scalars = nullptr;  // runtime scalars, in argument order
   int device = -1;
-  bool ok = true;
 
-  py::object tensor_entry(PyObject* obj) {
-    const at::Tensor& t = THPVariable_Unpack(obj);
-    if (t.device().type() != kTpu) { ok = false; return py::none(); }
+  // The tensor's slot, or -1 when it is not on the call's tpu device.
+  int64_t slot_of(const at::Tensor& t) {
+    if (!t.defined() || t.device().type() != kTpu) return -1;
     int index = t.device().index();
     if (device != index) {
-      if (device >= 0) { ok = false; return py::none(); }
+      if (device >= 0) return -1;
       device = index;
     }
     const c10::Storage& s = t.storage();
@@ -332,6 +331,18 @@ struct SignatureBuilder {
       addresses.push_back(address);
       nbytes.push_back(static_cast<int64_t>(s.nbytes()));
     }
+    return static_cast<int64_t>(slot);
+  }
+};
+
+struct SignatureBuilder : SlotTable {
+  py::list* scalars = nullptr;  // runtime scalars, in argument order
+  bool ok = true;
+
+  py::object tensor_entry(PyObject* obj) {
+    const at::Tensor& t = THPVariable_Unpack(obj);
+    int64_t slot = slot_of(t);
+    if (slot < 0) { ok = false; return py::none(); }
     py::object dtype = py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(torch::getTHPDtype(t.scalar_type())));
     // A nonzero storage offset is a runtime scalar (-1 marks it): x[i] for every i shares one program.
     int64_t offset = t.storage_offset();
@@ -682,31 +693,16 @@ struct FastEntry {
 };
 
 // The byte key of one call, built from the dispatcher's stack.
-struct KeyBuilder {
+struct KeyBuilder : SlotTable {
   std::string key;
-  std::vector<uint64_t> addresses;
-  std::vector<int64_t> nbytes;
   std::vector<RuntimeScalar> scalars;
-  int device = -1;
 
   void put(int64_t x) { key.append(reinterpret_cast<const char*>(&x), sizeof(x)); }
   void tag(char c) { key.push_back(c); }
 
   bool tensor(const at::Tensor& t) {
-    if (!t.defined() || t.device().type() != kTpu) return false;
-    int index = t.device().index();
-    if (device != index) {
-      if (device >= 0) return false;
-      device = index;
-    }
-    const c10::Storage& s = t.storage();
-    uint64_t address = reinterpret_cast<uint64_t>(s.data());
-    size_t slot = 0;
-    while (slot < addresses.size() && addresses[slot] != address) ++slot;
-    if (slot == addresses.size()) {
-      addresses.push_back(address);
-      nbytes.push_back(static_cast<int64_t>(s.nbytes()));
-    }
+    int64_t slot = slot_of(t);
+    if (slot < 0) return false;
     tag('T');
     tag(static_cast<char>(t.scalar_type()));
     put(t.dim());
@@ -715,7 +711,7 @@ struct KeyBuilder {
     int64_t offset = t.storage_offset();
     tag(offset != 0);
     if (offset != 0) scalars.push_back({1, 0.0, offset});
-    put(static_cast<int64_t>(slot));
+    put(slot);
     return true;
   }
 
