@@ -194,6 +194,24 @@ def test_batch_norm_updates_running_stats_in_one_program():
     torch.testing.assert_close(bn.running_mean.cpu(), expected)
 
 
+def test_batch_norm_cumulative_momentum_does_not_recompile():
+    """BatchNorm(momentum=None) passes 1/num_batches_tracked, a new float each step: a runtime scalar,
+    so steps after the first compile nothing, and the running statistics still match CPU."""
+    torch.manual_seed(0)
+    cpu = nn.BatchNorm2d(3, momentum=None)
+    tpu = copy.deepcopy(cpu).to("tpu")
+    x = torch.randn(4, 3, 2, 2)
+    for step in range(5):
+        if step == 2:  # warm: DeferAndFuse's second step can still fuse differently (donations)
+            compiled = metrics.counts.programs_compiled
+        cpu(x * (step + 1))
+        tpu(x.to("tpu") * (step + 1))
+        torch.tpu.synchronize()
+    assert metrics.counts.programs_compiled == compiled
+    torch.testing.assert_close(tpu.running_mean.cpu(), cpu.running_mean)
+    torch.testing.assert_close(tpu.running_var.cpu(), cpu.running_var)
+
+
 NORM_FUNCTIONS = [
     case("batch_norm-functional-eval", lambda x, w, b: F.batch_norm(x, torch.zeros(3, device=x.device),
                                                                      torch.ones(3, device=x.device), w, b),

@@ -89,7 +89,7 @@ def register_all() -> None:
 def _lowered_kernel(op, lowering, via_functional: bool):
     from torch_tpu.eager import executor
 
-    return executor.kernel(spec(op, lowering.mutates), lowering, via_functional)
+    return executor.kernel(spec(op, lowering.mutates, lowering.runtime), lowering, via_functional)
 
 
 def _prepared(op, kernel):

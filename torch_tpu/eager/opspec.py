@@ -44,7 +44,7 @@ class OpSpec:
     __slots__ = ("op", "name", "names", "kinds", "defaults", "index", "writes", "returns", "n_args", "is_view", "is_out",
                  "n_positional")
 
-    def __init__(self, op: torch._ops.OpOverload, mutates: tuple[str, ...] = ()):
+    def __init__(self, op: torch._ops.OpOverload, mutates: tuple[str, ...] = (), runtime: tuple[str, ...] = ()):
         schema = op._schema
         self.op = op
         # Also the first element of every signature: a str hashes in C (an OpOverload in Python).
@@ -53,7 +53,7 @@ class OpSpec:
         self.names = tuple(a.name for a in args)
         self.n_args = len(args)
         self.n_positional = sum(1 for a in args if not a.kwarg_only)
-        self.kinds = tuple(_KINDS.get(str(a.type), Arg.STATIC) for a in args)
+        self.kinds = tuple(Arg.SCALAR if a.name in runtime else _KINDS.get(str(a.type), Arg.STATIC) for a in args)
         self.defaults = tuple(a.default_value if a.has_default_value() else REQUIRED for a in args)
         self.index = {name: i for i, name in enumerate(self.names)}
         self.writes = tuple(i for i, a in enumerate(args)
@@ -94,9 +94,10 @@ class OpSpec:
 
 
 @functools.cache
-def spec(op: torch._ops.OpOverload, mutates: tuple[str, ...] = ()) -> OpSpec:
-    """The op's spec; `mutates` adds arguments its kernels write that the schema does not mark."""
-    return OpSpec(op, mutates)
+def spec(op: torch._ops.OpOverload, mutates: tuple[str, ...] = (), runtime: tuple[str, ...] = ()) -> OpSpec:
+    """The op's spec; `mutates` adds arguments its kernels write that the schema does not mark,
+    `runtime` names float arguments that are runtime scalars instead of static values."""
+    return OpSpec(op, mutates, runtime)
 
 
 def functional_counterpart(op: torch._ops.OpOverload) -> torch._ops.OpOverload | None:

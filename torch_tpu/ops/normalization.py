@@ -61,22 +61,22 @@ def _batch_norm(x, weight, bias, running_mean, running_var, training, momentum, 
     return out.astype(x.dtype), mean, invstd, new_mean, new_var
 
 
-@lowers(aten.native_batch_norm.default, mutates=("running_mean", "running_var"))
+@lowers(aten.native_batch_norm.default, mutates=("running_mean", "running_var"), runtime=("momentum",))
 def native_batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps):
     return _batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps)
 
 
-@lowers(aten._native_batch_norm_legit.default, aten._native_batch_norm_legit_functional.default)
+@lowers(aten._native_batch_norm_legit.default, aten._native_batch_norm_legit_functional.default, runtime=("momentum",))
 def native_batch_norm_legit(x, weight, bias, running_mean, running_var, training, momentum, eps):
     return _batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps)
 
 
-@lowers(aten._native_batch_norm_legit.no_stats)
+@lowers(aten._native_batch_norm_legit.no_stats, runtime=("momentum",))
 def native_batch_norm_legit_no_stats(x, weight, bias, training, momentum, eps):
     return _batch_norm(x, weight, bias, None, None, True, momentum, eps)[:3]
 
 
-@lowers(aten._native_batch_norm_legit_no_training.default)
+@lowers(aten._native_batch_norm_legit_no_training.default, runtime=("momentum",))
 def native_batch_norm_legit_no_training(x, weight, bias, running_mean, running_var, momentum, eps):
     return _batch_norm(x, weight, bias, running_mean, running_var, False, momentum, eps)[:3]
 
@@ -85,13 +85,14 @@ def _no_reserve():
     return jnp.zeros((0,), jnp.uint8)  # the cuDNN reserve space PyTorch's schema carries
 
 
-@lowers(aten._batch_norm_with_update.default, aten._batch_norm_with_update_functional.default)
+@lowers(aten._batch_norm_with_update.default, aten._batch_norm_with_update_functional.default,
+        runtime=("momentum",))
 def batch_norm_with_update(x, weight, bias, running_mean, running_var, momentum, eps):
     out, mean, invstd, new_mean, new_var = _batch_norm(x, weight, bias, running_mean, running_var, True, momentum, eps)
     return out, mean, invstd, _no_reserve(), new_mean, new_var
 
 
-@lowers(aten._batch_norm_no_update.default)
+@lowers(aten._batch_norm_no_update.default, runtime=("momentum",))
 def batch_norm_no_update(x, weight, bias, running_mean, running_var, momentum, eps):
     if running_mean is None:  # no running statistics: normalize with the batch's own
         return (*_batch_norm(x, weight, bias, None, None, True, momentum, eps)[:3], _no_reserve())

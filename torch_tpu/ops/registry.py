@@ -52,6 +52,9 @@ class Lowering:
     # native_batch_norm's running stats): the lowering returns their new values after the
     # op's results, as for a mutating op, and no in-place/out= variants are derived.
     mutates: tuple[str, ...] = ()
+    # `float` arguments passed at run time instead of baked into the program: values that change
+    # every step (BatchNorm(momentum=None) passes 1/num_batches_tracked), like a learning rate.
+    runtime: tuple[str, ...] = ()
 
 
 _TABLE: dict[torch._ops.OpOverload, Lowering] = {}
@@ -70,6 +73,9 @@ def register(op: torch._ops.OpOverload, fn: Callable, **options) -> Lowering:
     unknown = set(lowering.mutates) - {a.name for a in op._schema.arguments}
     if unknown:
         raise ValueError(f"{op} has no arguments named {sorted(unknown)}")
+    floats = {a.name for a in op._schema.arguments if str(a.type) == "float"}
+    if set(lowering.runtime) - floats:
+        raise ValueError(f"{op}: runtime arguments must be float arguments, got {sorted(set(lowering.runtime) - floats)}")
     _TABLE[op] = lowering
     return lowering
 
