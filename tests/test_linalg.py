@@ -67,15 +67,17 @@ def test_products_follow_the_matmul_precision_policy():
 
 
 def test_conjugate_views_reach_products_resolved():
-    """Lazily conjugated complex views (x.conj(), x.mH) give the right values in mm/bmm/dot/vdot/copy/clone."""
+    """Lazily conjugated complex views (x.conj(), x.mH) give the right values in mm/bmm/dot/vdot/copy/clone,
+    also when a program for the same shapes without the bits is cached (the boxed hit path refuses them)."""
     torch.manual_seed(0)
     a = torch.randn(3, 4, dtype=torch.complex64)
     b = torch.randn(4, 2, dtype=torch.complex64)
     v = torch.randn(4, dtype=torch.complex64)
-    for fn in (lambda a, b, v: a.conj() @ b, lambda a, b, v: a.mH.mH @ b.conj(), lambda a, b, v: torch.vdot(v, v.conj()),
+    for fn in (lambda a, b, v: a @ b, lambda a, b, v: a.clone(), lambda a, b, v: torch.dot(v, v),
+               lambda a, b, v: a.conj() @ b, lambda a, b, v: a.mH.mH @ b.conj(), lambda a, b, v: torch.vdot(v, v.conj()),
                lambda a, b, v: torch.dot(v.conj(), v), lambda a, b, v: a.conj().clone(),
                lambda a, b, v: torch.empty(3, 4, dtype=torch.complex64, device=a.device).copy_(a.conj()),
-               lambda a, b, v: a._neg_view().clone(), lambda a, b, v: torch.addmm(a[:, :2], a.conj(), b)):
+               lambda a, b, v: a._neg_view().clone(), lambda a, b, v: torch.addmm(a[:, :2], a.conj(), b)) * 2:
         assert_matches_cpu(fn, a, b, v)
 
 

@@ -315,9 +315,10 @@ struct SlotTable {
   std::vector<int64_t> nbytes;
   int device = -1;
 
-  // The tensor's slot, or -1 when it is not on the call's tpu device.
+  // The tensor's slot, or -1 when it is not on the call's tpu device or reads through a lazy
+  // conjugate/negative bit (PyTorch passes those to a few ops: their Python path resolves them).
   int64_t slot_of(const at::Tensor& t) {
-    if (!t.defined() || t.device().type() != kTpu) return -1;
+    if (!t.defined() || t.device().type() != kTpu || t.is_conj() || t.is_neg()) return -1;
     int index = t.device().index();
     if (device != index) {
       if (device >= 0) return -1;

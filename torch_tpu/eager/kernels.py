@@ -98,6 +98,17 @@ def _prepared(op, kernel):
     prepare = registry.preparation(op)
     if prepare is None:
         return kernel
+    if getattr(prepare, "only_resolves_lazy_bits", False):
+        # The boxed kernel stays registered: its hit path refuses tensors with conjugate/negative
+        # bits, and its Python path (`slow`) resolves them first.
+        execute = kernel.slow
+
+        def slow(*args, **kwargs):
+            args, kwargs = prepare(*args, **kwargs)
+            return execute(*args, **kwargs)
+
+        kernel.slow = slow
+        return kernel
 
     def prepared(*args, **kwargs):
         args, kwargs = prepare(*args, **kwargs)

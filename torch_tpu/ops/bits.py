@@ -58,6 +58,7 @@ def _resolve_read_arguments(op):
         kwargs = {k: v if names.index(k) in writes else resolved(v) if has_bits(v) else v for k, v in kwargs.items()}
         return args, kwargs
 
+    prepare_args.only_resolves_lazy_bits = True  # kernels.py keeps such ops on the boxed hit path
     return prepare_args
 
 
