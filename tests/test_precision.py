@@ -278,6 +278,31 @@ def test_xla_cpu_products_keep_bfloat16_operands(torch_default):
             assert types == ["bf16", "bf16"], (name, types)
 
 
+def test_xla_cpu_transposed_view_operand_is_taken_as_it_lies(torch_default):
+    """A right operand read as a transposed view (a linear layer's weight.t()) reaches XLA:CPU's bf16
+    library dot in its [n, k] form: contracted along its rows, not copied into a transpose first."""
+    import jax
+    import jax.numpy as jnp
+
+    from torch_tpu.eager import strided
+    from torch_tpu.runtime import platform
+
+    if platform.get().platform != "cpu":
+        pytest.skip("XLA:CPU's dot forms")
+    x, w = _operands(((64, K), (96, K)), seed=13)
+
+    def linear(x, w_flat):
+        w_t = strided.read(w_flat, (K, 96), (1, K), 0)  # w.t() of a row-major (96, K) weight
+        assert strided.permuted_source(w_t) is not None
+        return precision.matmul(x, w_t)
+
+    args = (jnp.asarray(x.numpy()), jnp.asarray(w.reshape(-1).numpy()))
+    torch.testing.assert_close(_torch(jax.jit(linear)(*args)), bf16_product(lambda x, w: x @ w.T, x, w),
+                               rtol=2e-5, atol=2e-5)
+    text = jax.jit(linear).lower(*args).compile().as_text()
+    assert "rhs_contracting_dims={1}" in text and "transpose(" not in text
+
+
 def test_attention_follows_policy(torch_default):
     """scaled_dot_product_attention: bf16-level error at the default, float32-level at "highest"."""
     q, k, v = _operands(((2, 4, 32, 64),) * 3, seed=5)

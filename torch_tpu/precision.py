@@ -245,6 +245,10 @@ def matmul(a, b, *, accumulator: bool = False):
 
     fn = jnp.matmul
     if _xla_cpu():
+        nt = _nt_form(a, b)
+        if nt is not None:
+            fn, b = nt
+            return _product(_cpu_form(fn, row_major=True), a, b, accumulator=accumulator)
         fn = _cpu_form(fn, row_major=a.ndim >= 2 and b.ndim >= 2)
     return _product(fn, a, b, accumulator=accumulator)
 
@@ -288,6 +292,31 @@ def _cpu_form(fn, row_major: bool):
         return lax.optimization_barrier(out) if x.dtype == jnp.bfloat16 and y.dtype == jnp.bfloat16 else out
 
     return product
+
+
+def _nt_form(a, b):
+    """(product fn, dense) when `b` is a transposed view of a row-major block `dense` ([..., n, k]):
+    the product contracts `dense` as it lies (the library dot's [n, k] form), not a copy of b."""
+    from jax import lax
+
+    from torch_tpu.eager import strided
+
+    if a.ndim < 2 or b.ndim not in (2, a.ndim):
+        return None
+    source = strided.permuted_source(b)
+    if source is None:
+        return None
+    dense, perm = source
+    batch = tuple(range(b.ndim - 2))
+    if perm != (*batch, b.ndim - 1, b.ndim - 2) or (b.ndim > 2 and a.shape[:-2] != b.shape[:-2]):
+        return None
+    lhs_batch = tuple(range(a.ndim - 2)) if b.ndim > 2 else ()
+    dimension_numbers = (((a.ndim - 1,), (b.ndim - 1,)), (lhs_batch, batch))
+
+    def fn(x, y, **kwargs):
+        return lax.dot_general(x, y, dimension_numbers, **kwargs)
+
+    return fn, dense
 
 
 def _materialized(x):
