@@ -243,7 +243,9 @@ def main() -> dict:
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.precision is None:
-        args.precision = torch.get_float32_matmul_precision()
+        # tpu's level now: "medium" unless chosen (torch.get_float32_matmul_precision() would say
+        # "highest", PyTorch's CPU default, and setting that would move tpu to "highest" too).
+        args.precision = torch_tpu.precision.matmul_precision()
     torch.set_float32_matmul_precision(args.precision)
 
     if args.worker:

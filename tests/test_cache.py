@@ -1,4 +1,5 @@
 """The compile cache across processes: level-2 hits, single-flight, remote (file://, S3), corruption, security."""
+import functools
 import json
 import os
 import shutil
@@ -311,6 +312,29 @@ def test_compile_api_levels_for_any_lowering(private_cache):
     out = loaded(x, y, scale=scale)
     np.testing.assert_allclose(np.asarray(out["sum"]), np.arange(6.0) + 2.0)
     np.testing.assert_allclose(np.asarray(out["prod"][0]), np.arange(6.0))
+
+
+def test_loaded_executable_with_lists_of_arrays(private_cache):
+    """DeferAndFuse's convention (several flat lists in, one flat list out, a donated list) loads as a
+    plain call on level 2 and gives the compiled results; the donated input is consumed."""
+    device = jax.devices("cpu")[0]
+    fn = jax.jit(lambda donated, kept, scalars: [donated[0] * kept[0] + scalars[0], kept[1] - 1],
+                 donate_argnums=(0,), keep_unused=True)
+
+    def args():
+        put = functools.partial(jax.device_put, device=device)
+        return ([put(np.arange(4.0, dtype=np.float32))],
+                [put(np.full(4, 2.0, np.float32)), put(np.ones(3, np.float32))], [put(np.float32(0.5))])
+
+    cache.compile(fn.lower(*args()), device)
+    cache.clear(host=False)
+    loaded = cache.compile(fn.lower(*args()), device)
+    donated, kept, scalars = args()
+    out = loaded(donated, kept, scalars)
+    assert isinstance(out, list) and len(out) == 2
+    np.testing.assert_allclose(np.asarray(out[0]), np.arange(4.0) * 2 + 0.5)
+    np.testing.assert_allclose(np.asarray(out[1]), np.zeros(3))
+    assert donated[0].is_deleted()
 
 
 def test_stats_and_report(private_cache):

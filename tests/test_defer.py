@@ -331,6 +331,33 @@ def test_optimizer_step_donates_old_parameters():
     torch.testing.assert_close(g.cpu(), g_cpu)
 
 
+def test_in_place_updates_keep_their_buffers():
+    """Parameters updated in place are written where they lie: each new value takes its own donated
+    buffer (not that of another donated input of the same size), 2-D parameters included."""
+    from torch_tpu.runtime import storage
+
+    def pointer(t):
+        return storage.buffers[storage.storage_address(t)][0].unsafe_buffer_pointer()
+
+    torch.manual_seed(0)
+    ps_cpu = [torch.randn(64, 32) for _ in range(4)]
+    gs_cpu = [torch.randn(64, 32) for _ in range(4)]
+    ps, gs = [p.to("tpu") for p in ps_cpu], [g.to("tpu") for g in gs_cpu]
+    torch.tpu.synchronize()
+    before = [pointer(p) for p in ps]
+    with torch_tpu.defer_and_fuse():
+        for p, g in zip(ps, gs):
+            p.add_(g * 2, alpha=-0.1)
+            p.mul_(0.99)
+        del g, gs  # the gradients' buffers are free to donate too, and have the parameters' size
+        donated = metrics.counts.fused_donations
+        torch.tpu.synchronize()
+        assert metrics.counts.fused_donations - donated == 4  # one per output: the parameters' own
+    assert [pointer(p) for p in ps] == before
+    for p, p_cpu, g_cpu in zip(ps, ps_cpu, gs_cpu):
+        torch.testing.assert_close(p.cpu(), (p_cpu - 0.2 * g_cpu) * 0.99)
+
+
 # ------------------------------------------------------------------ the repeats heuristic
 def _forward_compiles(n_layer: int, n_embd: int):
     torch.manual_seed(0)

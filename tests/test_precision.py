@@ -227,6 +227,82 @@ def test_linear_with_bias_and_backward(torch_default):
     torch.testing.assert_close(wt.grad.cpu(), bf16_product(torch.mm, grad.T, x), rtol=2e-5, atol=2e-5)
 
 
+TRANSPOSED = {  # name: (fn, operand shapes); transposed operands or results, in one program under DeferAndFuse
+    "a.t() @ b": (lambda a, b: a.t() @ b, ((K, 48), (K, 32))),
+    "a @ b.t()": (lambda a, b: a @ b.t(), ((48, K), (32, K))),
+    "(a @ b).t() + 1": (lambda a, b: (a @ b).t() + 1, ((48, K), (K, 32))),
+    "(a.t() @ b.t()).t()": (lambda a, b: (a.t() @ b.t()).t(), ((K, 48), (32, K))),
+    "bmm, transposed": (lambda a, b: (a.transpose(1, 2) @ b).transpose(1, 2), ((4, K, 16), (4, K, 24))),
+}
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+@pytest.mark.parametrize("name", sorted(TRANSPOSED))
+def test_transposed_operands_and_results(torch_default, mode, name):
+    """Transposed operands and results (fused into one program under DeferAndFuse) give the bf16 products."""
+    fn, shapes = TRANSPOSED[name]
+    operands = _operands(shapes, seed=11)
+    actual = run_in_mode(mode, fn, *(t.to(TPU) for t in operands))
+    torch.testing.assert_close(actual, bf16_product(fn, *operands), rtol=2e-5, atol=2e-5)
+
+
+def test_xla_cpu_products_keep_bfloat16_operands(torch_default):
+    """On XLA:CPU every dot of a "medium" product, transposed operands included, multiplies bfloat16.
+
+    XLA:CPU widens a dot it will not run in its bfloat16 library kernel to float32 (same numbers,
+    several times slower); precision.py hands it row-major operands so that it does not.
+    """
+    import re
+
+    import jax
+    import jax.numpy as jnp
+
+    from torch_tpu.runtime import platform
+
+    if platform.get().platform != "cpu":
+        pytest.skip("XLA:CPU's dot forms")
+    x, w, g = (jnp.ones(s, jnp.float32) for s in ((128, K), (96, K), (128, 96)))
+    forms = {
+        "x @ w.T": lambda x, w, g: precision.matmul(x, w.T),
+        "g.T @ x": lambda x, w, g: precision.matmul(g.T, x),
+        "g @ w": lambda x, w, g: precision.matmul(g, w),
+        "(x @ w.T).T": lambda x, w, g: precision.matmul(x, w.T).T + 1,
+        "batched q @ k.T": lambda x, w, g: precision.matmul(x.reshape(4, 32, K), jnp.swapaxes(x.reshape(4, 32, K), 1, 2)),
+    }
+    for name, fn in forms.items():
+        text = jax.jit(fn).lower(x, w, g).compile().as_text()
+        dots = re.findall(r"= \S+ dot\(%([\w.\-]+), %([\w.\-]+)\)", text)
+        assert dots, name
+        for operands in dots:
+            types = [re.search("%" + re.escape(o) + r" = (\w+)\[", text).group(1) for o in operands]
+            assert types == ["bf16", "bf16"], (name, types)
+
+
+def test_xla_cpu_transposed_view_operand_is_taken_as_it_lies(torch_default):
+    """A right operand read as a transposed view (a linear layer's weight.t()) reaches XLA:CPU's bf16
+    library dot in its [n, k] form: contracted along its rows, not copied into a transpose first."""
+    import jax
+    import jax.numpy as jnp
+
+    from torch_tpu.eager import strided
+    from torch_tpu.runtime import platform
+
+    if platform.get().platform != "cpu":
+        pytest.skip("XLA:CPU's dot forms")
+    x, w = _operands(((64, K), (96, K)), seed=13)
+
+    def linear(x, w_flat):
+        w_t = strided.read(w_flat, (K, 96), (1, K), 0)  # w.t() of a row-major (96, K) weight
+        assert strided.permuted_source(w_t) is not None
+        return precision.matmul(x, w_t)
+
+    args = (jnp.asarray(x.numpy()), jnp.asarray(w.reshape(-1).numpy()))
+    torch.testing.assert_close(_torch(jax.jit(linear)(*args)), bf16_product(lambda x, w: x @ w.T, x, w),
+                               rtol=2e-5, atol=2e-5)
+    text = jax.jit(linear).lower(*args).compile().as_text()
+    assert "rhs_contracting_dims={1}" in text and "transpose(" not in text
+
+
 def test_attention_follows_policy(torch_default):
     """scaled_dot_product_attention: bf16-level error at the default, float32-level at "highest"."""
     q, k, v = _operands(((2, 4, 32, 64),) * 3, seed=5)

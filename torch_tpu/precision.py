@@ -243,7 +243,91 @@ def matmul(a, b, *, accumulator: bool = False):
     """jnp.matmul(a, b) at the precision policy."""
     import jax.numpy as jnp
 
-    return _product(jnp.matmul, a, b, accumulator=accumulator)
+    fn = jnp.matmul
+    if _xla_cpu():
+        nt = _nt_form(a, b)
+        if nt is not None:
+            fn, b = nt
+            return _product(_cpu_form(fn, row_major=True), a, b, accumulator=accumulator)
+        fn = _cpu_form(fn, row_major=a.ndim >= 2 and b.ndim >= 2)
+    return _product(fn, a, b, accumulator=accumulator)
+
+
+# ---------------------------------------------------------------- XLA:CPU: the fast product form
+# XLA:CPU runs a bfloat16 (or float32) dot through its fast library (YNNPACK) only when both
+# operands are laid out row-major, the left one [batch..., rows, contracted]. It decides, early
+# in compilation, which dots stay bfloat16: the others are widened to float32 (the operands
+# rounded to bfloat16 and back, so the numbers are the same) and run in XLA's own kernel, about
+# 2x slower than the bfloat16 library dot and 4x with the widening passes (2-core AMD EPYC).
+# A transposed operand (x @ W.T of a linear layer, the weight gradient g.T @ x, attention's
+# q @ k.T and its backward) reaches XLA as a transpose with a column-major layout, which is
+# what that early decision sees. `_materialized` passes an operand (after its bfloat16 rounding,
+# so the transpose is done in bfloat16) through a flat 1-D view behind an optimization barrier:
+# the dot then sees a row-major operand in jnp.matmul's form, a transposed operand is copied
+# once, row-major (a bitcast otherwise), and the dot takes the fast path.
+#
+# The barrier on the result guards against an XLA:CPU bug: a dot kept in bfloat16 whose result
+# is transposed inside the same program gets rewritten after that decision (operands swapped,
+# the transpose folded in) into a form no kernel runs ("Unsupported element type for
+# DotThunk::Execute: BF16 x BF16 = F32"); DeferAndFuse programs often end like that
+# ((a @ b).t() + 1 failed before this guard).
+#
+# The products are the same, and so are their float32 sums up to summation order inside the
+# kernel. TPU and GPU dots take any layout: there the operands stay as they are.
+def _xla_cpu() -> bool:
+    from torch_tpu.runtime import platform
+
+    return platform.get().platform == "cpu"
+
+
+def _cpu_form(fn, row_major: bool):
+    """fn for a product on XLA:CPU: row-major operands (when `row_major`) and a guarded result."""
+    import jax.numpy as jnp
+    from jax import lax
+
+    def product(x, y, *args, **kwargs):
+        if row_major:
+            x, y = _materialized(x), _materialized(y)
+        out = fn(x, y, *args, **kwargs)
+        return lax.optimization_barrier(out) if x.dtype == jnp.bfloat16 and y.dtype == jnp.bfloat16 else out
+
+    return product
+
+
+def _nt_form(a, b):
+    """(product fn, dense) when `b` is a transposed view of a row-major block `dense` ([..., n, k]):
+    the product contracts `dense` as it lies (the library dot's [n, k] form), not a copy of b."""
+    from jax import lax
+
+    from torch_tpu.eager import strided
+
+    if a.ndim < 2 or b.ndim not in (2, a.ndim):
+        return None
+    source = strided.permuted_source(b)
+    if source is None:
+        return None
+    dense, perm = source
+    batch = tuple(range(b.ndim - 2))
+    if perm != (*batch, b.ndim - 1, b.ndim - 2) or (b.ndim > 2 and a.shape[:-2] != b.shape[:-2]):
+        return None
+    lhs_batch = tuple(range(a.ndim - 2)) if b.ndim > 2 else ()
+    dimension_numbers = (((a.ndim - 1,), (b.ndim - 1,)), (lhs_batch, batch))
+
+    def fn(x, y, **kwargs):
+        return lax.dot_general(x, y, dimension_numbers, **kwargs)
+
+    return fn, dense
+
+
+def _materialized(x):
+    import jax.numpy as jnp
+    from jax import lax
+
+    if x.dtype not in (jnp.bfloat16, jnp.float32):
+        return x  # no library path to reach
+    # The flat view has one layout only, and the barrier keeps XLA from folding the two
+    # reshapes (and so the transpose) away.
+    return lax.optimization_barrier(x.reshape(-1)).reshape(x.shape)
 
 
 def matmul_f32(a, b):
@@ -257,7 +341,8 @@ def dot_general(lhs, rhs, dimension_numbers, *, accumulator: bool = False):
     """lax.dot_general(lhs, rhs, dimension_numbers) at the precision policy."""
     from jax import lax
 
-    return _product(lax.dot_general, lhs, rhs, dimension_numbers, accumulator=accumulator)
+    fn = _cpu_form(lax.dot_general, row_major=False) if _xla_cpu() else lax.dot_general
+    return _product(fn, lhs, rhs, dimension_numbers, accumulator=accumulator)
 
 
 def einsum(subscripts: str, a, b, *, accumulator: bool = False):
@@ -267,6 +352,8 @@ def einsum(subscripts: str, a, b, *, accumulator: bool = False):
     def fn(x, y, **kwargs):
         return jnp.einsum(subscripts, x, y, **kwargs)
 
+    if _xla_cpu():
+        fn = _cpu_form(fn, row_major=False)
     return _product(fn, a, b, accumulator=accumulator)
 
 

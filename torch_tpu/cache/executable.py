@@ -84,6 +84,23 @@ def _pair_call(runtime, n_first: int, n_outputs: int):
     return call
 
 
+def _flat_list(tree):
+    """n if `tree` is a flat list of n leaves, else None."""
+    return tree.num_leaves if tree == jax.tree_util.tree_structure([0] * tree.num_leaves) else None
+
+
+def _list_call(runtime, n_outputs: int):
+    """DeferAndFuse's calling convention, without pytree work: lists of arrays -> a list."""
+    execute = runtime.execute_sharded
+    handlers = [operator.itemgetter(0)] * n_outputs
+
+    def call(*lists):
+        return execute([a for arrays in lists for a in arrays]).consume_with_handlers(handlers)
+
+    call.runtime_executable = lambda: runtime
+    return call
+
+
 def deserialize(payload: bytes, device, in_tree, out_tree):
     """Load PJRT bytes onto `device` as a callable taking `in_tree` and returning `out_tree`.
 
@@ -96,4 +113,7 @@ def deserialize(payload: bytes, device, in_tree, out_tree):
     outs = _flat_pair(out_tree)
     if no_kwargs and _flat_pair(args) is not None and outs is not None:
         return _pair_call(runtime, outs[0], out_tree.num_leaves)
+    if (no_kwargs and all(_flat_list(child) is not None for child in args.children())
+            and _flat_list(out_tree) is not None):
+        return _list_call(runtime, out_tree.num_leaves)
     return LoadedExecutable(runtime, out_tree, in_tree.num_leaves)

@@ -542,6 +542,26 @@ def _recompute_cheap(nodes, pieces: list, final: set) -> list:
             for p, (device, indices) in enumerate(pieces)]
 
 
+def _replaced_input(nodes, ref: int, position: dict, local: dict):
+    """The position among a piece's inputs of the value `ref` replaces (through in-place updates made
+    in the piece), or None: `ref` is not an updated buffer, or what it replaces is made in the piece."""
+    while True:
+        node = nodes[ref // _OUT]
+        prog = node.prog
+        j = ref % _OUT - _fresh_count(prog)
+        if j < 0:
+            return None
+        slot = prog.updated_slots[j]
+        if slot not in prog.input_slots:
+            return None
+        previous = node.refs[prog.input_slots.index(slot)]
+        if previous in position:
+            return position[previous]
+        if previous < 0 or previous not in local:
+            return None
+        ref = previous
+
+
 def _make_plan(graph, outputs: tuple, donate: frozenset) -> Plan:
     """Cut the graph into segments and wire them: which values cross, which are donated."""
     nodes = graph.nodes
@@ -602,24 +622,45 @@ def _make_plan(graph, outputs: tuple, donate: frozenset) -> Plan:
             (prog, tuple(k if kind == "i" else n_inputs + k for kind, k in refs), n_scalars)
             for prog, refs, n_scalars in steps
         )
-        out_refs = tuple(r for r in produced if (r in final or r in crossing) and r // _OUT not in recomputed)
-        local_outputs = tuple(n_inputs + local[r] for r in out_refs)
-        out_shapes = tuple(_output_shapes(nodes[r // _OUT].prog)[r % _OUT] for r in out_refs)
+        out_refs = [r for r in produced if (r in final or r in crossing) and r // _OUT not in recomputed]
 
         # Donation: inputs nobody needs after this piece, matched to an output of the same shape.
-        free = {}
+        # JAX pairs each output, in order, with the first unused donated input of its shape and
+        # dtype. An output that is the new value of an input (a parameter or optimizer state updated
+        # in place) is paired with that input: such outputs go first, their inputs first in the
+        # same order, so XLA updates each buffer where it lies. Paired by order of appearance, an
+        # optimizer step's outputs took other inputs' buffers (a gradient's, another parameter's)
+        # and XLA copied most of its inputs first (233 copies in the demo GPT's AdamW program).
+        def source_aval(k):
+            s = sources[k]
+            return (graph.ext[-1 - s].shape[0], np.dtype(graph.ext[-1 - s].dtype)) if s < 0 else avals[s]
+
+        donatable = [k for k, s in enumerate(sources)
+                     if ((s < 0 and (-1 - s) in donate) or (s >= 0 and s not in final)) and last_reader.get(s) == p]
+        donatable_set = set(donatable)
+        paired: dict[int, int] = {}  # output ref -> position of the input it replaces
         for r in out_refs:
-            free[avals[r]] = free.get(avals[r], 0) + 1
-        donated = []
-        for k, s in enumerate(sources):
-            mine = (s < 0 and (-1 - s) in donate) or (s >= 0 and s not in final)
-            if not mine or last_reader.get(s) != p:
-                continue
-            aval = (graph.ext[-1 - s].shape[0], np.dtype(graph.ext[-1 - s].dtype)) if s < 0 else avals[s]
-            if free.get(aval, 0) > 0:
+            k = _replaced_input(nodes, r, position, local)
+            if k in donatable_set and source_aval(k) == avals[r]:
+                donatable_set.discard(k)
+                paired[r] = k
+        out_refs = tuple([r for r in out_refs if r in paired] + [r for r in out_refs if r not in paired])
+        # A paired output is returned flat, like the input whose buffer it takes (JAX pairs equal
+        # shapes only); the others in their N-d shape (see _output_shapes).
+        out_shapes = tuple((avals[r][0],) if r in paired else _output_shapes(nodes[r // _OUT].prog)[r % _OUT]
+                           for r in out_refs)
+        free = {}
+        for r, shape in zip(out_refs, out_shapes):
+            if r not in paired and len(shape) == 1:
+                free[avals[r]] = free.get(avals[r], 0) + 1
+        donated = [paired[r] for r in out_refs if r in paired]
+        for k in donatable:
+            aval = source_aval(k)
+            if k in donatable_set and free.get(aval, 0) > 0:
                 free[aval] -= 1
                 donated.append(k)
         kept = [k for k in range(n_inputs) if k not in set(donated)]
+        local_outputs = tuple(n_inputs + local[r] for r in out_refs)
 
         segment = Segment()
         segment.device = device

@@ -13,6 +13,7 @@ that nest (pad + reshape + slice + transpose: still no gather); anything else
 from __future__ import annotations
 
 import math
+import weakref
 
 import jax.numpy as jnp
 import numpy as np
@@ -114,10 +115,42 @@ def read(buf, sizes, strides, offset):
     # `value` is in stride order; put the dims back in the view's order, then
     # restore size-1 dims and broadcast the stride-0 ones.
     order = [d for d, _, _ in dims]
-    value = jnp.transpose(value, np.argsort(order)) if order != sorted(order) else value
+    if order != sorted(order):
+        dense, perm = value, tuple(int(p) for p in np.argsort(order))
+        value = jnp.transpose(value, perm)
+        if len(order) == len(sizes):  # nothing to restore: the result is `dense`, permuted
+            _note_permuted(value, dense, perm)
     kept = sorted(order)
     shape = [sizes[d] if d in kept else 1 for d in range(len(sizes))]
     return jnp.broadcast_to(value.reshape(shape), sizes)
+
+
+# Values `read` made by permuting a dense block (a transposed view, e.g. a linear layer's
+# weight.t()), while tracing: id -> (weak reference to the value, the dense block, the
+# permutation). A product can then take the block as it lies (precision.py: XLA:CPU's
+# library dot takes a right operand [n, k] as well as [k, n]; a transpose would be copied).
+_permuted: dict[int, tuple] = {}
+
+
+def _note_permuted(value, dense, perm) -> None:
+    key = id(value)
+
+    def forget(ref, key=key):
+        if _permuted.get(key, (None,))[0] is ref:
+            del _permuted[key]
+
+    try:
+        _permuted[key] = (weakref.ref(value, forget), dense, perm)
+    except TypeError:  # not weakly referenceable: nothing noted
+        pass
+
+
+def permuted_source(value):
+    """(dense, perm) if `read` made `value` as jnp.transpose(dense, perm) in this trace, else None."""
+    entry = _permuted.get(id(value))
+    if entry is None or entry[0]() is not value:
+        return None
+    return entry[1], entry[2]
 
 
 def write(buf, value, sizes, strides, offset):
