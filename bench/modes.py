@@ -171,6 +171,8 @@ class _Tracked:
         return out
 
     def __getattr__(self, name):
+        if name == "_call":  # OpProgram.adopt_direct_call would call the executable around this wrapper
+            raise AttributeError(name)
         return getattr(self.compiled, name)
 
 
