@@ -6,7 +6,9 @@
 // hands out unique fake addresses (never dereferenced) with real byte sizes,
 // keeps live/peak byte counts per device, raises torch.OutOfMemoryError past the
 // device limit, and queues freed addresses so Python can drop the device buffers.
-// Every other decision (lowering, execution, caching) stays in Python.
+// It also runs cache hits: the boxed kernel registered for every lowered op
+// launches a program the Python executor already built, without Python objects
+// for the arguments. Every decision (lowering, execution, caching) stays in Python.
 #include <torch/extension.h>
 
 #include <ATen/EmptyTensor.h>
