@@ -300,6 +300,18 @@ def test_activation(fn, args, atol, rtol, grads):
     run_cases(fn, args, atol, rtol, grads)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gelu_is_pytorchs_erf_formula(dtype):
+    """GELU is x/2 * (1 + erf(x/sqrt(2))) as PyTorch computes it (in float32 for bfloat16): equal to
+    CPU within float rounding everywhere, and 0 where PyTorch's formula rounds to 0 (x < ~-5.6),
+    where the erfc form (jax.nn.gelu) would give tiny negatives instead."""
+    x = torch.cat([torch.linspace(-12, 12, 4001), torch.tensor([-30.0, 30.0, 0.0])]).to(dtype)
+    actual, expected = F.gelu(x.to("tpu")).cpu(), F.gelu(x)
+    torch.testing.assert_close(actual, expected, atol=2e-6 if dtype == torch.float32 else 1e-2, rtol=1e-5)
+    tail = x < -6
+    assert (actual[tail] == 0).all() and (expected[tail] == 0).all()
+
+
 def test_rrelu_training_uses_the_noise_it_samples():
     """Training rrelu: negative slopes lie in [lower, upper] and the gradient is the sampled slope."""
     x = torch.randn(64, device="tpu").abs().neg().requires_grad_()

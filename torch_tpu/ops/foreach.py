@@ -58,10 +58,40 @@ def _apply(base: registry.Lowering, args: list):
     return base.fn(*args)
 
 
+def _flat_shape(element_args) -> tuple | None:
+    """The one shape (at least 1-D) of every array among one element's arguments, else None."""
+    shapes = {tuple(a.shape) for a in element_args if hasattr(a, "shape") and not getattr(a, "weak_type", False)}
+    if len(shapes) != 1:
+        return None
+    (shape,) = shapes
+    return shape if len(shape) >= 1 else None
+
+
+def _apply_flat(base: registry.Lowering, args: list):
+    """`_apply` on 1-D views of equal-shaped elements, results back in that shape.
+
+    NOTE(xla-cpu): an optimizer step updates each weight matrix and its moments in place
+    (donated buffers) with several foreach ops. Done in the matrices' N-d shape over flat
+    storage buffers, XLA:CPU copied every such donated input first and every result again
+    (38 copies in the demo GPT's fused AdamW step); on 1-D values it updates them in place.
+    The values are the same: the op is elementwise.
+    """
+    shape = _flat_shape(args)
+    if shape is None or len(shape) == 1:
+        return _apply(base, args)
+    flat = [a.reshape(-1) if hasattr(a, "shape") and tuple(a.shape) == shape else a for a in args]
+    result = _apply(base, flat)
+    if isinstance(result, (list, tuple)):
+        return type(result)(r.reshape(shape) for r in result)
+    return result.reshape(shape)
+
+
 def _derive(foreach_op, base: registry.Lowering):
+    apply = _apply_flat if torch.Tag.pointwise in base.op.tags else _apply
+
     def lowering(*args):
         n = next(len(a) for a in args if isinstance(a, list))
-        return [_apply(base, [a[i] if isinstance(a, list) else a for a in args]) for i in range(n)]
+        return [apply(base, [a[i] if isinstance(a, list) else a for a in args]) for i in range(n)]
 
     registry.register(foreach_op, lowering, precision=base.precision)
 
