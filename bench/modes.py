@@ -10,7 +10,10 @@ Models (AdamW, float32 parameters; the float32 matmul precision, the default unl
 Speed: both modes run in this process in interleaved rounds after a warm-up
 (compilation is not counted), so a shared, noisy machine slows both alike;
 the median step time per mode and their ratio are reported. Only ratios from
-one run mean something. Process CPU time per step is reported too: on an
+one run mean something. A round waits for the device at both ends, so its last
+step's device work overlaps no Python (in a training loop it overlaps the next
+step's); 8 steps per round keep that edge small (with 3, a DeferAndFuse GPT step
+read ~8 ms slower). Process CPU time per step is reported too: on an
 oversubscribed machine wall time also depends on how many threads a mode
 keeps runnable (Strict keeps the Python thread dispatching while XLA runs),
 while CPU time measures the work each mode does.
@@ -235,7 +238,7 @@ def _mib(n) -> str:
 def main() -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="gpt,mlp,gpt-small")
-    parser.add_argument("--steps", type=int, default=3, help="steps per timed round")
+    parser.add_argument("--steps", type=int, default=8, help="steps per timed round")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds per mode")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps per mode (compilation)")
     parser.add_argument("--precision", default=None, choices=("highest", "high", "medium"),

@@ -374,6 +374,7 @@ def test_fused_optimizer_step_updates_weight_matrices_without_copies():
         for p, g in zip(tpu, grads):
             p.grad = g.to("tpu")
         opts[0].step()
+        torch.tpu.synchronize()  # under TORCH_TPU_DEFER_AND_FUSE=1 the gradients' copies are recorded too
         before = set(defer._executables)
         with torch_tpu.defer_and_fuse():
             opts[1].step()
@@ -384,6 +385,33 @@ def test_fused_optimizer_step_updates_weight_matrices_without_copies():
                 assert " copy(" not in text
     for p, q in zip(tpu, cpu):
         torch.testing.assert_close(p.detach().cpu(), q.detach(), atol=1e-6, rtol=1e-5)
+
+
+def test_view_offsets_are_constants_of_a_fused_program_until_they_change():
+    """A column block of a fresh tensor (attention's q/k/v split) is read in place by a fused
+    program that takes its storage offset as a constant (no padded copy of the buffer); a segment
+    run with other offsets falls back to runtime offsets once, then serves every offset."""
+    torch.manual_seed(0)
+    x_cpu = torch.randn(8, 48)
+    x = x_cpu.to("tpu")
+    torch.tpu.synchronize()  # under TORCH_TPU_DEFER_AND_FUSE=1 the copy is recorded too: run it first
+
+    def block(t, i):  # a non-contiguous view at storage offset 8*i, of a value made in the graph
+        return ((t * 2)[:, 8 * i:8 * i + 8].t() + 1).sin()
+
+    compiled = []
+    for i in (1, 1, 2, 3, 4, 5):
+        before = set(defer._executables), metrics.counts.programs_compiled
+        with torch_tpu.defer_and_fuse():
+            torch.testing.assert_close(block(x, i).cpu(), block(x_cpu, i))
+        compiled.append(metrics.counts.programs_compiled - before[1])
+        if i == 1 and compiled == [compiled[0]]:
+            new = [defer._executables[k] for k in set(defer._executables) - before[0] if k[0] != "flatten"]
+            texts = [e.as_text() for e in new if hasattr(e, "as_text")]
+            assert texts and all(" pad(" not in t for t in texts)
+    assert compiled[1] == 0  # the same offsets: the same program
+    assert compiled[2] > 0  # other offsets: the runtime-offset program, compiled once
+    assert compiled[3:] == [0, 0, 0]
 
 
 # ------------------------------------------------------------------ the repeats heuristic

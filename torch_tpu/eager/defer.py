@@ -311,7 +311,7 @@ class Segment:
     """One fused program of a plan: which values go in, which nodes run, which values come out."""
 
     __slots__ = ("device", "nodes", "sources", "donated", "kept", "outputs", "drop", "fingerprint", "steps",
-                 "n_inputs", "local_outputs", "out_shapes", "reshaped")
+                 "n_inputs", "local_outputs", "out_shapes", "reshaped", "offset_positions")
 
     def run(self, graph, values: dict) -> None:
         ext = graph.ext
@@ -323,10 +323,15 @@ class Segment:
         raw = []
         for i in self.nodes:
             raw.extend(nodes[i].scalars)
+        key, offsets = self.fingerprint, None
+        if self.offset_positions:
+            offsets, raw = _split_offsets(self, raw)
+            if offsets is not None:
+                key = (key, offsets)
         scalars = executor._device_scalars(raw, self.device) if raw else []
-        executable = _executables.get(self.fingerprint)
+        executable = _executables.get(key)
         if executable is None:
-            executable = self._compile(graph, donated, kept, scalars)
+            executable = self._compile(graph, donated, kept, scalars, key, offsets)
         try:
             results = executable(donated, kept, scalars)
         except jax.errors.JaxRuntimeError as err:
@@ -357,23 +362,50 @@ class Segment:
         steps = tuple((prog.key, refs, n_scalars) for prog, refs, n_scalars in self.steps)
         return ("fused", steps, self.n_inputs, self.donated, self.kept, self.local_outputs, self.out_shapes)
 
-    def _compile(self, graph, donated, kept, scalars):
+    def _compile(self, graph, donated, kept, scalars, key, offsets):
         nodes = graph.nodes
+        static = dict(zip(self.offset_positions, offsets)) if offsets is not None else {}
         fused = _fused_function(self.steps, self.n_inputs, self.donated, self.kept, self.local_outputs,
-                                self.out_shapes)
+                                self.out_shapes, static)
         fused.wheres = [nodes[i].where for i in self.nodes]
         fused.names = [nodes[i].prog.spec.name for i in self.nodes]
         sharding = platform.get().shardings[self.device]
         out_tree = jax.tree_util.tree_structure([0] * len(self.local_outputs))
         try:
-            executable = program_mod.compile_indexed(fused, sharding, (donated, kept, scalars), self.signature(nodes),
+            signature = self.signature(nodes)
+            if signature is not None and offsets is not None:
+                signature = (*signature, ("offsets", self.offset_positions, offsets))
+            executable = program_mod.compile_indexed(fused, sharding, (donated, kept, scalars), signature,
                                                      out_tree, donate_argnums=(0,) if self.donated else ())
         except jax.errors.JaxRuntimeError as err:
             error = translate_runtime_error(err, f"compiling a deferred graph of {len(self.nodes)} ops")
             _note(error, "the graph's ops were recorded at:\n" + _sites(fused.wheres))
             raise error from None
-        _executables[self.fingerprint] = executable
+        _executables[key] = executable
         return executable
+
+
+# Storage offsets of views read or written in a fused program (the q, k and v column blocks of
+# an attention's projection) are runtime scalars in Strict mode: one program serves every
+# offset. A fused segment takes them as constants instead, so XLA reads such a view in place
+# (strided._static_blocks) rather than through a padded copy of its buffer: one copy of the
+# projection less per attention block. A segment that runs with other offsets than those it
+# was compiled for (a loop over x[i], cut into equal units) falls back to runtime offsets for
+# good: one compile more at most, never one per offset.
+_offset_modes: dict = {}  # segment fingerprint -> the offsets compiled as constants, or None: runtime
+
+
+def _split_offsets(segment, raw: list):
+    """(the segment's offsets if they are compiled as constants else None, the runtime scalars)."""
+    positions = segment.offset_positions
+    offsets = tuple(raw[i] for i in positions)
+    mode = _offset_modes.setdefault(segment.fingerprint, offsets)
+    if mode != offsets:
+        if mode is not None:
+            _offset_modes[segment.fingerprint] = None
+        return None, raw
+    taken = set(positions)
+    return offsets, [value for i, value in enumerate(raw) if i not in taken]
 
 
 def _flatten(segment, arrays: list) -> list:
@@ -405,10 +437,18 @@ class Plan:
             segment.run(graph, values)
 
 
-def _fused_function(steps, n_inputs, donated_positions, kept_positions, outputs, shapes):
-    """The traced function of one segment: every step's OpProgram.trace, wired together."""
+def _fused_function(steps, n_inputs, donated_positions, kept_positions, outputs, shapes, static: dict):
+    """The traced function of one segment: every step's OpProgram.trace, wired together.
+
+    `static`: {position among the segment's scalars: value} of the storage offsets compiled as
+    constants (see _split_offsets); the program takes the other scalars at run time.
+    """
 
     def fused(donated, kept, scalars):
+        if static:
+            scalars = list(scalars)
+            for position in sorted(static):
+                scalars.insert(position, static[position])
         values = [None] * n_inputs
         for position, value in zip(donated_positions, donated):
             values[position] = value
@@ -678,5 +718,10 @@ def _make_plan(graph, outputs: tuple, donate: frozenset) -> Plan:
         segment.drop = tuple(r for r in set(sources) if r >= 0 and last_reader.get(r) == p and r not in final)
         segment.fingerprint = (device, tuple((id(prog), refs) for prog, refs, _ in steps), n_inputs, local_outputs,
                                segment.donated, out_shapes)
+        positions, start = [], 0
+        for prog, _, n_scalars in steps:
+            positions.extend(start + p for p in program_mod.offset_positions(prog))
+            start += n_scalars
+        segment.offset_positions = tuple(positions)
         segments.append(segment)
     return Plan(segments)

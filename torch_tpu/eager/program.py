@@ -234,6 +234,22 @@ def _rebuild(spec: OpSpec, key_args, scalars, make_tensor, make_scalar, make_cpu
     return out, offsets
 
 
+def offset_positions(prog: OpProgram) -> tuple[int, ...]:
+    """Where, among a call's runtime scalars, the program takes its tensors' storage offsets."""
+    positions = _offset_positions.get(prog)
+    if positions is None:
+        spec, found = prog.spec, []
+        # With scalars = their own indices, a tensor's dynamic offset is its position.
+        _rebuild(spec, prog.key[2:2 + spec.n_args], range(1 << 30),
+                 lambda entry, offset: found.append(offset) if entry[4] == DYNAMIC else None,
+                 lambda v, t: v, lambda v, dtype: v, lambda vs, ts: vs)
+        positions = _offset_positions[prog] = tuple(found)
+    return positions
+
+
+_offset_positions: dict = {}
+
+
 def _is_meta_gap(err: Exception) -> bool:
     text = str(err).lower()
     # An AttributeError is a broken meta kernel, not a user error (e.g. _thnn_fused_lstm_cell's

@@ -7,7 +7,8 @@ into the buffer. They run inside the op's program, so XLA fuses the view math
 into the op (no eager reshapes, no host round trips).
 
 Plans, fastest first: contiguous (slice + reshape); non-overlapping strides
-that nest (pad + reshape + slice + transpose: still no gather); anything else
+that nest (reshape + slice + transpose when the offset is known while tracing,
+else pad + reshape + slice + transpose: still no gather); anything else
 (overlapping `as_strided`, `unfold`) gathers with iota-computed indices.
 """
 from __future__ import annotations
@@ -79,6 +80,31 @@ def _block_shape(dims):
     return shape
 
 
+def _static_blocks(dims, offset, length: int):
+    """(shape, starts) when the view is `lax.slice(buf.reshape(shape), starts, ...)`, else None.
+
+    Only for an offset known while tracing (a Python int): the whole buffer, cut into its
+    strides' blocks ([length / s0, s0 / s1, ..., s_last]), holds the view as one rectangle
+    when the buffer divides into outermost blocks and no dim wraps past its block. Then XLA
+    reads (or writes) the view in place instead of through a padded copy of the buffer.
+    """
+    if type(offset) is not int or not dims:
+        return None
+    outer = dims[0][2]
+    if length % outer:
+        return None
+    shape = (length // outer, *(a[2] // b[2] for a, b in zip(dims, dims[1:])), dims[-1][2])
+    starts, rest = [], offset
+    for _, _, stride in dims:
+        starts.append(rest // stride)
+        rest %= stride
+    starts.append(rest)
+    for start, size, limit in zip(starts, [size for _, size, _ in dims] + [1], shape):
+        if start + size > limit:
+            return None
+    return shape, tuple(starts)
+
+
 def _gather_indices(sizes, strides, offset):
     index = jnp.zeros(tuple(sizes), dtype=jnp.int64) + offset
     for d, (size, stride) in enumerate(zip(sizes, strides)):
@@ -107,11 +133,16 @@ def read(buf, sizes, strides, offset):
         return buf[_gather_indices(sizes, strides, offset)]
     if not dims:  # every dim has size 1 or stride 0
         return jnp.broadcast_to(lax.dynamic_slice(buf, (offset,), (1,)).reshape(()), sizes)
-    window = dims[0][1] * dims[0][2]
-    block = lax.dynamic_slice(_padded(buf, window, _extent(sizes, strides)), (offset,), (window,))
-    block = block.reshape(_block_shape(dims))
-    value = lax.slice(block, (0,) * block.ndim, tuple(size for _, size, _ in dims) + (1,))
-    value = value.reshape(tuple(size for _, size, _ in dims))
+    limits = tuple(size for _, size, _ in dims) + (1,)
+    static = _static_blocks(dims, offset, buf.shape[0])
+    if static is not None:  # a plain slice of the whole buffer: no padded copy
+        shape, starts = static
+        value = lax.slice(buf.reshape(shape), starts, tuple(s + n for s, n in zip(starts, limits)))
+    else:
+        window = dims[0][1] * dims[0][2]
+        block = lax.dynamic_slice(_padded(buf, window, _extent(sizes, strides)), (offset,), (window,))
+        value = lax.slice(block.reshape(_block_shape(dims)), (0,) * (len(dims) + 1), limits)
+    value = value.reshape(limits[:-1])
     # `value` is in stride order; put the dims back in the view's order, then
     # restore size-1 dims and broadcast the stride-0 ones.
     order = [d for d, _, _ in dims]
@@ -176,6 +207,10 @@ def write(buf, value, sizes, strides, offset):
     # Inverse of read's permutation: from the view's dim order to stride order.
     value = jnp.transpose(value, np.argsort(np.argsort(order))) if order != sorted(order) else value
     value = value.reshape(tuple(size for _, size, _ in dims) + (1,))
+    static = _static_blocks(dims, offset, buf.shape[0])
+    if static is not None:
+        shape, starts = static
+        return lax.dynamic_update_slice(buf.reshape(shape), value, starts).reshape(-1)
     window = dims[0][1] * dims[0][2]
     padded = _padded(buf, window, _extent(sizes, strides))
     block = lax.dynamic_slice(padded, (offset,), (window,)).reshape(_block_shape(dims))
