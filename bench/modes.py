@@ -238,7 +238,7 @@ def main() -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="gpt,mlp,gpt-small")
     parser.add_argument("--steps", type=int, default=8, help="steps per timed round")
-    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds per mode")
+    parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds per mode")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps per mode (compilation)")
     parser.add_argument("--precision", default=None, choices=("highest", "high", "medium"),
                         help="float32 matmul precision (default: the current default; medium: TPU-style bf16 "
