@@ -145,3 +145,30 @@ def test_out_variant_resizes():
     out = torch.zeros(2, 2, device="tpu").t()
     torch.mul(a, 5, out=out)
     assert out.stride() == (1, 2) and out.cpu().tolist() == [[5.0, 5.0], [5.0, 5.0]]
+
+
+def test_views_at_a_known_offset_read_and_write_like_a_runtime_offset():
+    """strided.read/write with the offset a Python int (DeferAndFuse's constants: a slice of the buffer
+    cut into blocks) give what they give with the same offset as a runtime scalar (padded window)."""
+    import itertools
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from torch_tpu.eager import strided
+
+    buf = jnp.arange(4 * 6 * 10, dtype=jnp.float32)
+    cases = [  # (sizes, strides): column blocks, transposed blocks, every other element, heads of a projection
+        ((4, 3), (60, 1)), ((3, 4), (1, 60)), ((4, 2, 5), (60, 10, 2)), ((2, 6, 4), (60, 10, 1)),
+        ((4, 2, 6, 2), (60, 5, 10, 1)), ((4, 6), (60, 10)),
+    ]
+    for (sizes, strides), offset in itertools.product(cases, range(0, 60, 7)):
+        extent = 1 + sum((n - 1) * s for n, s in zip(sizes, strides))
+        if offset + extent > buf.shape[0]:
+            continue
+        runtime = jax.jit(lambda b, o: strided.read(b, sizes, strides, o))(buf, jnp.int64(offset))
+        np.testing.assert_array_equal(strided.read(buf, sizes, strides, offset), runtime)
+        value = -jnp.arange(np.prod(sizes), dtype=jnp.float32).reshape(sizes) - 1
+        runtime = jax.jit(lambda b, v, o: strided.write(b, v, sizes, strides, o))(buf, value, jnp.int64(offset))
+        np.testing.assert_array_equal(strided.write(buf, value, sizes, strides, offset), runtime)
