@@ -15,7 +15,8 @@ step's device work overlaps no Python (in a training loop it overlaps the next
 step's); 8 steps per round keep that edge small. Process CPU time per step is reported too: on an
 oversubscribed machine wall time also depends on how many threads a mode
 keeps runnable (Strict keeps the Python thread dispatching while XLA runs),
-while CPU time measures the work each mode does.
+while CPU time measures the work each mode does, also split by thread group (main
+Python thread, XLA's compute threads, autograd engine, other: see _thread_cpu).
 
 Peak memory: every (model, mode) runs again in a fresh subprocess, where every
 compiled program (through program.compile_function, both modes) is wrapped to
@@ -102,17 +103,50 @@ class Trainer:
         return loss.item()  # the materialization point of the step
 
 
-def _timed(trainer: Trainer, mode: str, steps: int) -> tuple[float, float]:
-    """(wall seconds, process CPU seconds) per step."""
+THREADS = ("main", "xla", "autograd", "other")
+
+
+def _thread_cpu() -> dict:
+    """CPU seconds so far per thread group (Linux /proc; empty elsewhere).
+
+    main: the Python thread running the model (dispatch or recording, flushes); xla: XLA's
+    compute threads (on XLA:CPU, the device); autograd: the autograd engine's threads (backward
+    ops); other: the rest, e.g. the PJRT runtime's threads that launch programs.
+    """
+    import threading
+
+    main, groups = str(threading.get_native_id()), dict.fromkeys(THREADS, 0.0)
+    tick = os.sysconf("SC_CLK_TCK")
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return {}
+    for tid in tasks:
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                name = f.read().strip()
+        except OSError:  # the thread ended
+            continue
+        group = ("main" if tid == main else "xla" if name.startswith("tf_XLA")
+                 else "autograd" if name.startswith("pt_autograd") else "other")
+        groups[group] += (int(fields[11]) + int(fields[12])) / tick
+    return groups
+
+
+def _timed(trainer: Trainer, mode: str, steps: int) -> tuple[float, float, dict]:
+    """(wall seconds, process CPU seconds, {thread group: CPU seconds}) per step."""
     torch_tpu.set_execution_mode(mode)
     torch.tpu.synchronize()
-    start, cpu = time.perf_counter(), time.process_time()
+    start, cpu, threads = time.perf_counter(), time.process_time(), _thread_cpu()
     for _ in range(steps):
         trainer.step()
     torch.tpu.synchronize()  # the steps' device work is done (loss.item() waits for the loss only)
     elapsed, cpu = (time.perf_counter() - start) / steps, (time.process_time() - cpu) / steps
+    threads = {group: (seconds - threads[group]) / steps for group, seconds in _thread_cpu().items()}
     torch_tpu.set_execution_mode("strict")
-    return elapsed, cpu
+    return elapsed, cpu, threads
 
 
 def speed(name: str, steps: int, rounds: int, warmup: int) -> dict:
@@ -122,11 +156,13 @@ def speed(name: str, steps: int, rounds: int, warmup: int) -> dict:
     compiled = metrics.counts.programs_compiled
     times = {mode: [] for mode in MODES}
     cpu = {mode: [] for mode in MODES}
+    threads = {mode: [] for mode in MODES}
     for _ in range(rounds):
         for mode in MODES:
-            wall, work = _timed(trainers[mode], mode, steps)
+            wall, work, by_thread = _timed(trainers[mode], mode, steps)
             times[mode].append(wall)
             cpu[mode].append(work)
+            threads[mode].append(by_thread)
     median = {mode: statistics.median(values) for mode, values in times.items()}
     cpu_median = {mode: statistics.median(values) for mode, values in cpu.items()}
     return {
@@ -136,6 +172,10 @@ def speed(name: str, steps: int, rounds: int, warmup: int) -> dict:
         "strict_cpu_ms": cpu_median["strict"] * 1e3,
         "defer_cpu_ms": cpu_median["defer_and_fuse"] * 1e3,
         "cpu_ratio": cpu_median["strict"] / cpu_median["defer_and_fuse"],
+        "thread_cpu_ms": {  # per thread group (see _thread_cpu), median over rounds
+            mode: {group: statistics.median(t[group] for t in values) * 1e3 for group in values[0]}
+            for mode, values in threads.items() if values[0]
+        },
         "rounds_ms": {mode: [round(t * 1e3, 1) for t in values] for mode, values in times.items()},
         "compiled_while_measuring": metrics.counts.programs_compiled - compiled,
     }
@@ -269,6 +309,8 @@ def main() -> dict:
               f"speedup {result['speedup']:.2f}x (median of {args.rounds} interleaved rounds of {args.steps} steps); "
               f"CPU time {result['strict_cpu_ms']:.1f} vs {result['defer_cpu_ms']:.1f} ms/step "
               f"({result['cpu_ratio']:.2f}x less work)")
+        for mode, groups in result["thread_cpu_ms"].items():
+            print(f"    {mode:15s} CPU ms/step by thread: " + ", ".join(f"{g} {ms:.1f}" for g, ms in groups.items()))
         for mode in MODES:
             if "memory" in result:
                 m = result["memory"][mode]
