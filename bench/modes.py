@@ -12,11 +12,12 @@ Speed: both modes run in this process in interleaved rounds after a warm-up
 the median step time per mode and their ratio are reported. Only ratios from
 one run mean something. A round waits for the device at both ends, so its last
 step's device work overlaps no Python (in a training loop it overlaps the next
-step's); 8 steps per round keep that edge small. Process CPU time per step is reported too: on an
-oversubscribed machine wall time also depends on how many threads a mode
-keeps runnable (Strict keeps the Python thread dispatching while XLA runs),
-while CPU time measures the work each mode does, also split by thread group (main
-Python thread, XLA's compute threads, autograd engine, other: see _thread_cpu).
+step's); 8 steps per round keep that edge small. Process CPU time per step is
+reported too: on an oversubscribed machine wall time also depends on how many
+threads a mode keeps runnable (Strict keeps the Python thread dispatching while
+XLA runs), while CPU time measures the work each mode does, also split by thread
+group (main Python thread, XLA's compute threads, autograd engine, other: see
+_thread_cpu).
 
 Peak memory: every (model, mode) runs again in a fresh subprocess, where every
 compiled program (through program.compile_function, both modes) is wrapped to
