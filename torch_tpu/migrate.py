@@ -80,6 +80,10 @@ XLA_CALLS = {
     "torch_xla.amp.autocast": (None, 'torch.autocast("tpu", dtype=torch.bfloat16)', False),
     "torch_xla.amp.syncfree": (None, "the torch.optim optimizer", False),
 }
+_IMPORT_ADVICE = {
+    True: "remove the import (torch_tpu registers the tpu device on `import torch`)",
+    False: "remove the import once the uses of it reported here are rewritten",
+}
 _DEVICE = re.compile(r"(cuda|xla)(:\d+)?")
 
 
@@ -115,8 +119,22 @@ class _Rules(cst.CSTTransformer):
         self.tpu_names = _tpu_names()
         self._in_import = 0
         self._orphans: dict[int, list] = {}  # id(deleted statement line) -> its comment lines
+        self._fstring_quotes: list[str] = []  # quotes of the f-strings around the current node
 
     # ------------------------------------------------------------ helpers
+    def _q(self, code: str) -> str:
+        """`code` with quotes that can stand inside the enclosing f-strings (before Python 3.12)."""
+        if any('"' in q for q in self._fstring_quotes):
+            return code.replace('"', "'")
+        return code
+
+    def visit_FormattedString(self, node) -> None:
+        self._fstring_quotes.append(node.start[-1])
+
+    def leave_FormattedString(self, original, updated):
+        self._fstring_quotes.pop()
+        return updated
+
     def _line(self, node) -> tuple[int, int]:
         pos = self.get_metadata(PositionProvider, node).start
         return pos.line, pos.column + 1
@@ -169,8 +187,7 @@ class _Rules(cst.CSTTransformer):
         names = ", ".join(_module_name(a.name) for a in xla)
         locals_ = [a.asname.name.value if a.asname else _module_name(a.name).split(".")[0] for a in xla]
         mechanical = all(name in self.removable for name in locals_) and len(xla) == len(original.names)
-        self._add(original, XLA, f"import {names}",
-                  "remove the import (torch_tpu registers the tpu device on `import torch`)", mechanical)
+        self._add(original, XLA, f"import {names}", _IMPORT_ADVICE[mechanical], mechanical)
         if self.apply and mechanical:
             return cst.RemovalSentinel.REMOVE
         return updated
@@ -195,8 +212,7 @@ class _Rules(cst.CSTTransformer):
             names = [] if isinstance(original.names, cst.ImportStar) else [
                 a.asname.name.value if a.asname else _module_name(a.name) for a in original.names]
             mechanical = bool(names) and all(n in self.removable for n in names)
-            self._add(original, XLA, f"from {module} import ...",
-                      "remove the import (torch_tpu registers the tpu device on `import torch`)", mechanical)
+            self._add(original, XLA, f"from {module} import ...", _IMPORT_ADVICE[mechanical], mechanical)
             if self.apply and mechanical:
                 return cst.RemovalSentinel.REMOVE
         elif module.startswith("torch.cuda"):
@@ -313,7 +329,7 @@ class _Rules(cst.CSTTransformer):
         if not mechanical:
             return updated
         self._count_rewritten(original)
-        return cst.parse_expression(code) if self.apply else updated
+        return cst.parse_expression(self._q(code)) if self.apply else updated
 
     def _cuda_call(self, original, updated, name):
         rest = name[len("torch.cuda."):]
@@ -323,7 +339,7 @@ class _Rules(cst.CSTTransformer):
             self._add(original, CUDA, what, 'torch.autocast("tpu", ...) (bfloat16 by default on tpu)', mechanical)
             if self.apply and mechanical:
                 return updated.with_changes(func=cst.parse_expression("torch.autocast"),
-                                            args=[cst.Arg(cst.SimpleString('"tpu"')), *updated.args])
+                                            args=[cst.Arg(cst.SimpleString(self._q('"tpu"'))), *updated.args])
             return updated
         if rest == "amp.GradScaler":
             self._add(original, CUDA, what, "bfloat16 needs no loss scaling: drop the scaler, or "
@@ -354,8 +370,7 @@ class _Rules(cst.CSTTransformer):
         rest = [a for a in keywords if a.keyword.value == "non_blocking"]
         return updated.with_changes(
             func=updated.func.with_changes(attr=cst.Name("to")),
-            args=[cst.Arg(cst.parse_expression(target), comma=cst.MaybeSentinel.DEFAULT if rest else
-                          cst.MaybeSentinel.DEFAULT), *rest])
+            args=[cst.Arg(cst.parse_expression(self._q(target))), *rest])
 
     # ------------------------------------------------------------ attributes
     def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute):
@@ -405,6 +420,10 @@ class _Rules(cst.CSTTransformer):
             new, category = "tpu_dist", CUDA
         elif value == "PJRT_DEVICE":
             new, category = "TORCH_TPU_PLATFORM", XLA
+        elif value.startswith("xla://"):
+            self._add(original, XLA, original.value, '"env://" (torchrun sets the rendezvous) or "tcp://HOST:PORT"',
+                      False)
+            return updated
         if new is None:
             return updated
         self._add(original, category, original.value, f"{quote}{new}{quote}", True)
@@ -473,8 +492,8 @@ def rewrite_source(text: str, path: str = "<string>") -> tuple[str, list[Finding
     return new.code, findings
 
 
-_SKIP_DIRS = {".git", ".hg", ".svn", ".venv", "venv", "env", "__pycache__", "site-packages", "node_modules",
-              "build", "dist", ".tox", ".mypy_cache", ".pytest_cache"}
+_SKIP_DIRS = {".git", ".hg", ".svn", "__pycache__", "site-packages", "node_modules", ".tox", ".nox", ".mypy_cache",
+              ".pytest_cache"}
 
 
 def python_files(root: str) -> list[str]:
@@ -484,7 +503,8 @@ def python_files(root: str) -> list[str]:
         return [root] if root.endswith(".py") else []
     out = []
     for directory, dirs, files in os.walk(root):
-        dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS and not os.path.islink(os.path.join(directory, d)))
+        dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS and not os.path.islink(os.path.join(directory, d))
+                         and not os.path.exists(os.path.join(directory, d, "pyvenv.cfg")))  # a virtualenv
         for name in sorted(files):
             path = os.path.join(directory, name)
             if name.endswith(".py") and not os.path.islink(path) and _inside(path, root_real):
@@ -525,8 +545,14 @@ def apply(root: str) -> tuple[list[Finding], str, list[str]]:
             continue
         findings.extend(found)
         if new != text:
+            try:
+                compile(new, path, "exec")
+            except SyntaxError as err:  # never write a file that does not parse: report it instead
+                errors.append(f"{path}: the rewrite would not parse ({err}); file left unchanged")
+                continue
+            label = os.path.relpath(path)
             diffs.append("".join(difflib.unified_diff(text.splitlines(True), new.splitlines(True),
-                                                      f"a/{path}", f"b/{path}")))
+                                                      f"a/{label}", f"b/{label}")))
             with open(path, "w", encoding="utf-8") as f:
                 f.write(new)
     return findings, "".join(diffs), errors
