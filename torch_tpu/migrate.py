@@ -551,6 +551,7 @@ def apply(root: str) -> tuple[list[Finding], str, list[str]]:
                 errors.append(f"{path}: the rewrite would not parse ({err}); file left unchanged")
                 continue
             label = os.path.relpath(path)
+            label = path if label.startswith("..") else label
             diffs.append("".join(difflib.unified_diff(text.splitlines(True), new.splitlines(True),
                                                       f"a/{label}", f"b/{label}")))
             with open(path, "w", encoding="utf-8") as f:
