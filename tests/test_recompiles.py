@@ -152,6 +152,23 @@ def test_first_compile_of_a_site_is_not_a_recompile(explain, capfd):
     assert "[torch_tpu recompile]" not in capfd.readouterr().err
 
 
+def _scale_all(tensors):
+    for t in tensors:
+        t.mul_(2)  # one line, many shapes, one pass
+
+
+def test_many_shapes_in_one_pass_are_not_recompiles(explain, capfd):
+    # Like model.to(device) or an optimizer step over parameters of different shapes: distinct programs.
+    tensors = [torch.ones(3, 59, device="tpu"), torch.ones(59, device="tpu"), torch.ones(2, 2, 59, device="tpu")]
+    _scale_all(tensors)
+    assert [t.cpu().sum().item() for t in tensors] == [2.0 * 3 * 59, 2.0 * 59, 2.0 * 4 * 59]
+    _scale_all(tensors)  # the second pass: every program is reused
+    assert [t.cpu().sum().item() for t in tensors] == [4.0 * 3 * 59, 4.0 * 59, 4.0 * 4 * 59]
+    line = _line_of(_scale_all, "one line, many shapes")
+    assert not [s for s in recompiles.summary(100) if f"test_recompiles.py:{line} " in s["where"]]
+    assert f"test_recompiles.py:{line} " not in capfd.readouterr().err
+
+
 @pytest.mark.skipif(not config.defer_and_fuse, reason="checks DeferAndFuse segments; the strict run has its own")
 def test_defer_segment_recompile_names_the_changed_dimension(explain, capfd):
     _grow((57, 58))

@@ -4,10 +4,13 @@ A *site* is what compiled, where: an op at the user's source line (the first
 frame outside torch, torch_tpu and the standard library), a DeferAndFuse
 segment at the lines of its first and last ops, or a torch.compile graph. The
 executors call the `*_compiled` hooks below on their compile-miss paths only
-(a cache hit never reaches this module). When a site compiles a signature
-different from the one it compiled last, the difference is recorded: which
-argument's shape, dtype, stride, storage offset or device changed, or which
-static value, old -> new.
+(a cache hit never reaches this module). When a site compiles again in a
+later pass over the code (after a materialization point: the next step of a
+loop; any second compile for a torch.compile graph), the difference from the
+closest signature it compiled before is recorded: which argument's shape,
+dtype, stride, storage offset or device changed, or which static value, old ->
+new. Different signatures compiled in one pass (a line looping over parameters
+of different shapes) are distinct programs, not recompiles.
 
 - `TORCH_TPU_EXPLAIN_RECOMPILES=1` logs each recompile as it happens (stderr).
 - `summary()` (and the metrics report's "recompiles" section) lists the top
@@ -41,13 +44,15 @@ class RecompileWarning(UserWarning):
 class Site:
     """One place that compiles: its last signature, how often it recompiled and why."""
 
-    __slots__ = ("kind", "name", "where", "last", "compiles", "recompiles", "reasons", "last_changes", "warned")
+    __slots__ = ("kind", "name", "where", "signatures", "first_epoch", "compiles", "recompiles", "reasons",
+                 "last_changes", "warned")
 
-    def __init__(self, kind: str, name: str, where):
+    def __init__(self, kind: str, name: str, where, epoch: int):
         self.kind = kind
         self.name = name
         self.where = where  # (filename, line, function) or None
-        self.last = None
+        self.signatures: list = []  # the latest few signatures compiled here
+        self.first_epoch = epoch
         self.compiles = 0
         self.recompiles = 0
         self.reasons: collections.Counter = collections.Counter()  # change kind -> count
@@ -171,7 +176,8 @@ def graph_compiled(name: str, example_inputs, where=None, static: dict | None = 
     """
     where = user_frame(sys._getframe(1)) if where is None else where
     signature = describe_inputs(example_inputs, static)
-    _seen(("graph", name, where), "graph", name, where, signature, lambda old: diff_described(old, signature))
+    _seen(("graph", name, where), "graph", name, where, signature, lambda old: diff_described(old, signature),
+          every=True)
 
 
 def describe_inputs(inputs, static: dict | None = None) -> dict:
@@ -198,16 +204,37 @@ def _code_where(where):
     return code.co_filename, line, code.co_name
 
 
-def _seen(site_key, kind, name, where, signature, differ) -> None:
+_KEEP = 16  # signatures kept per site to explain the next compile against
+
+
+def epoch() -> int:
+    """Materialization points so far: compiles between two of them belong to one pass over the code."""
+    c = metrics.counts
+    return c.materializations + c.flushes
+
+
+def _seen(site_key, kind, name, where, signature, differ, every: bool = False) -> None:
+    """Record one compile at a site; explain it if it is a recompile.
+
+    A site recompiles when it compiles again after a materialization point (a
+    later pass over the same code: the next step of a loop), or, with `every`
+    (torch.compile graphs), on any second compile. Signatures compiled in the
+    first pass (a loop over parameters of different shapes on one line) are
+    distinct programs, not recompiles.
+    """
+    now = epoch()
     with _lock:
         site = _sites.get(site_key)
         if site is None:
-            site = _sites[site_key] = Site(kind, name, where)
+            site = _sites[site_key] = Site(kind, name, where, now)
         site.compiles += 1
-        old, site.last = site.last, signature
-        if old is None:
+        previous = site.signatures
+        site.signatures = [*previous[-(_KEEP - 1):], signature]
+        if not previous or (not every and now == site.first_epoch):
             return
-        changes = differ(old) or [Change("signature", "structure", "(other)", "(other)")]
+        # Explained against the closest signature compiled here before.
+        changes = min((differ(old) for old in reversed(previous)), key=len)
+        changes = changes or [Change("signature", "structure", "(other)", "(other)")]
         site.recompiles += 1
         site.last_changes = changes
         for change in changes:
