@@ -191,3 +191,31 @@ def test_report_renders_a_metrics_file(tmp_path, capsys, monkeypatch):
     assert cli.main(["report", str(tmp_path / "bad.json")]) == 2
     assert "not a torch_tpu metrics file" in capsys.readouterr().err
     recompiles.reset()
+
+
+def test_every_env_var_is_documented():
+    with open(os.path.join(ROOT, "torch_tpu", "config.py"), encoding="utf-8") as f:
+        declared = set(re.findall(r'"(TORCH_TPU_[A-Z0-9_]+)"', f.read()))
+    with open(os.path.join(ROOT, "docs", "usage.md"), encoding="utf-8") as f:
+        usage = f.read()
+    assert {"TORCH_TPU_EXPLAIN_RECOMPILES", "TORCH_TPU_METRICS_FILE"} <= declared
+    assert sorted(v for v in declared if v not in usage) == []
+
+
+def test_troubleshooting_lists_every_recompile_reason():
+    with open(os.path.join(ROOT, "docs", "troubleshooting.md"), encoding="utf-8") as f:
+        text = f.read()
+    assert [kind for kind in recompiles.FIXES if f"| {kind} |" not in text] == []
+
+
+def test_docs_nav_hook_drops_missing_pages_and_lists_unnamed_ones(tmp_path):
+    sys.path.insert(0, ROOT)
+    try:
+        import mkdocs_hooks
+    finally:
+        sys.path.remove(ROOT)
+    (tmp_path / "index.md").write_text("# a")
+    (tmp_path / "extra.md").write_text("# b")
+    config = {"docs_dir": str(tmp_path), "nav": [{"Home": "index.md"}, {"Later": "not-yet.md"},
+                                                  {"Group": [{"Gone": "gone.md"}]}]}
+    assert mkdocs_hooks.on_config(config)["nav"] == [{"Home": "index.md"}, {"More": ["extra.md"]}]
