@@ -218,3 +218,25 @@ def test_notice_off_at_zero(monkeypatch, capfd):
     before = compile_notice.notices
     torch.arange(71, device="tpu").float().sqrt().cpu()
     assert compile_notice.notices == before
+
+
+def test_env_vars_parse_and_reject_bad_values(monkeypatch):
+    from torch_tpu.config import Config
+
+    monkeypatch.setenv("TORCH_TPU_EXPLAIN_RECOMPILES", "1")
+    monkeypatch.setenv("TORCH_TPU_RECOMPILE_WARN_LIMIT", "3")
+    monkeypatch.setenv("TORCH_TPU_COMPILE_NOTICE_SECONDS", "2.5")
+    monkeypatch.setenv("TORCH_TPU_METRICS_FILE", "/tmp/m-{pid}.json")
+    fresh = Config()
+    assert (fresh.explain_recompiles, fresh.recompile_warn_limit, fresh.compile_notice_seconds,
+            fresh.metrics_file) == (True, 3, 2.5, "/tmp/m-{pid}.json")
+    monkeypatch.setenv("TORCH_TPU_COMPILE_NOTICE_SECONDS", "-1")
+    with pytest.raises(ValueError, match="TORCH_TPU_COMPILE_NOTICE_SECONDS"):
+        Config()
+    monkeypatch.setenv("TORCH_TPU_COMPILE_NOTICE_SECONDS", "soon")
+    with pytest.raises(ValueError, match="TORCH_TPU_COMPILE_NOTICE_SECONDS"):
+        Config()
+    monkeypatch.delenv("TORCH_TPU_COMPILE_NOTICE_SECONDS")
+    monkeypatch.setenv("TORCH_TPU_RECOMPILE_WARN_LIMIT", "0")
+    with pytest.raises(ValueError, match="TORCH_TPU_RECOMPILE_WARN_LIMIT"):
+        Config()

@@ -4,8 +4,9 @@ Every program compiles through `eager/program.py::compile_function`, inside
 `watch(fn)`: if the compile is still running after
 `TORCH_TPU_COMPILE_NOTICE_SECONDS` (default 10; 0 turns notices off), one line
 goes to stderr naming the op or fused graph and the user line that asked for
-it. A compile that ends past the threshold before the timer thread could speak
-gets the line when it ends, so a long compile always gets exactly one notice.
+it (said by one watcher thread). A compile that ends past the threshold before
+the watcher could speak gets the line when it ends, so a long compile always
+gets exactly one notice.
 The torch.compile backend can wrap its own compiles in `watch("graph name")`.
 """
 from __future__ import annotations
@@ -66,14 +67,45 @@ def watch(fn):
               f"the compile cache keeps it for next time)", file=sys.stderr, flush=True)
         notices += 1
 
-    timer = threading.Timer(threshold, say, (False,))
-    timer.daemon = True
-    timer.start()
+    token = object()
+    _watch(token, start + threshold, say)
     try:
         yield
     finally:
-        timer.cancel()
+        with _cond:
+            _active.pop(token, None)
         with lock:
             state["done"] = True
         if time.perf_counter() - start >= threshold:
             say(True)
+
+
+# One watcher thread for every compile (a timer thread per compile would cost ~0.1-0.4 ms each).
+_active: dict = {}  # token -> (deadline, say)
+_cond = threading.Condition()
+_thread: threading.Thread | None = None
+
+
+def _watch(token, deadline: float, say) -> None:
+    global _thread
+    with _cond:
+        _active[token] = (deadline, say)
+        if _thread is None or not _thread.is_alive():  # first use, or a forked child
+            _thread = threading.Thread(target=_watcher, name="torch_tpu-compile-notice", daemon=True)
+            _thread.start()
+        _cond.notify()
+
+
+def _watcher() -> None:
+    while True:
+        with _cond:
+            if not _active:
+                _cond.wait()
+                continue
+            token, (deadline, say) = min(_active.items(), key=lambda item: item[1][0])
+            wait = deadline - time.perf_counter()
+            if wait > 0:
+                _cond.wait(wait)
+                continue
+            del _active[token]
+        say(False)

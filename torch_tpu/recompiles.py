@@ -242,7 +242,9 @@ def _seen(site_key, kind, name, where, signature, differ, every: bool = False) -
         entry = {"kind": kind, "name": name, "where": format_where(where), "compile": site.compiles,
                  "changes": [c.as_dict() for c in changes]}
         _log.append(entry)
-        warn = not site.warned and site.recompiles >= config.recompile_warn_limit
+        # Sites without a user line (backward ops run by the autograd engine) are logged and
+        # reported, not warned about: there is no line to fix, their forward sites say it.
+        warn = not site.warned and site.recompiles >= config.recompile_warn_limit and where is not None
         if warn:
             site.warned = True
     if config.explain_recompiles:
