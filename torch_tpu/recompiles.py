@@ -104,6 +104,7 @@ FIXES = {
 _lock = threading.Lock()
 _sites: dict[tuple, Site] = {}
 _log: collections.deque = collections.deque(maxlen=256)  # recent recompiles, as dicts
+_warned_lines: set = set()  # (filename, line) already warned about
 
 
 def reset() -> None:
@@ -111,6 +112,7 @@ def reset() -> None:
     with _lock:
         _sites.clear()
         _log.clear()
+        _warned_lines.clear()
 
 
 # ------------------------------------------------------------------ user frames
@@ -247,10 +249,14 @@ def _seen(site_key, kind, name, where, signature, differ, every: bool = False) -
         warn = not site.warned and site.recompiles >= config.recompile_warn_limit and where is not None
         if warn:
             site.warned = True
+            line = (where[0], where[1])
+            warn = line not in _warned_lines  # one warning per line, not per op on it
+            _warned_lines.add(line)
     if config.explain_recompiles:
         print(message(site, changes), file=sys.stderr, flush=True)
-    if warn:
-        warnings.warn(warning_text(site), RecompileWarning, stacklevel=2)
+    if warn:  # attributed to the user's line, where the fix goes
+        warnings.warn_explicit(warning_text(site), RecompileWarning, where[0], where[1],
+                               module=os.path.splitext(os.path.basename(where[0]))[0])
 
 
 # ------------------------------------------------------------------ messages
