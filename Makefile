@@ -7,7 +7,7 @@ STAMP := $(VENV)/.torch_tpu-installed
 PINS := torch==2.13.0 jax==0.10.2 jaxlib==0.10.2
 PYTEST_FLAGS ?=
 
-.PHONY: install demo test test-defer test-heavy test-all bench clean
+.PHONY: install demo test test-defer test-heavy test-all bench docs clean
 
 $(STAMP): pyproject.toml setup.py torch_tpu/csrc/native.cpp torch_tpu/csrc/autocast.cpp
 	test -x $(PYTHON) || $(PY) -m venv $(VENV)
@@ -37,5 +37,12 @@ bench: install
 	$(PYTHON) bench/modes.py
 	$(PYTHON) bench/cold_warm.py
 
+# The docs site from docs/ into site/ (MkDocs Material; strict: a warning or a broken link fails it).
+DOCS_PKGS := mkdocs==1.6.1 mkdocs-material==9.8.2  # the `docs` extra of pyproject.toml
+
+docs: install
+	$(PYTHON) -m pip install -q $(DOCS_PKGS) $(PINS)
+	NO_MKDOCS_2_WARNING=1 $(PYTHON) -m mkdocs build --strict --clean
+
 clean:
-	rm -rf $(VENV) build *.egg-info torch_tpu/*.so
+	rm -rf $(VENV) build *.egg-info torch_tpu/*.so site

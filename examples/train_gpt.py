@@ -26,6 +26,17 @@ def load_corpus(path: str):
     return data, chars
 
 
+def precision_text(device: torch.device) -> str:
+    """The float32 matmul precision this run's products use, and where it comes from."""
+    if device.type != "tpu":
+        return f"float32 matmul precision '{torch.get_float32_matmul_precision()}' (PyTorch's setting)"
+    level, source = torch_tpu.precision.matmul_precision(), torch_tpu.precision.source()
+    why = {"default": "the tpu default: bfloat16 operands, float32 accumulation" if level == "medium" else "default",
+           "torch": "set with torch.set_float32_matmul_precision",
+           "torch_tpu.precision.use": "set with torch_tpu.precision.use"}.get(source, source)
+    return f"float32 matmul precision '{level}' ({why})"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--device", default="tpu")
@@ -50,8 +61,7 @@ def main() -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"device {device} ({torch.tpu.get_device_name() if device.type == 'tpu' else device.type}), "
-          f"{n_params / 1e6:.2f}M parameters, {len(chars)} characters, float32 matmul precision "
-          f"'{torch.get_float32_matmul_precision()}'")
+          f"{n_params / 1e6:.2f}M parameters, {len(chars)} characters, {precision_text(device)}")
 
     def batch(source):
         ix = torch.randint(len(source) - args.block_size - 1, (args.batch_size,))
@@ -60,8 +70,11 @@ def main() -> None:
         return x.to(device), y.to(device)
 
     tokens_per_step = args.batch_size * args.block_size
-    progress = tqdm(range(args.steps), desc="training", unit="step")
-    last = time.perf_counter()
+    # A bar in a terminal; in a log (not a terminal) no bar lines at all, one summary line at the end.
+    interactive = sys.stderr.isatty()
+    progress = tqdm(range(args.steps), desc="training", unit="step", disable=not interactive)
+    start = last = time.perf_counter()
+    value = float("nan")
     for step in progress:
         x, y = batch(train)
         _, loss = model(x, y)
@@ -74,6 +87,10 @@ def main() -> None:
             steps_done = 10 if step else 1
             progress.set_postfix(loss=f"{value:.3f}", tok_s=f"{tokens_per_step * steps_done / (now - last):,.0f}")
             last = now
+    if not interactive:
+        seconds = time.perf_counter() - start
+        print(f"training: {args.steps} steps in {seconds:.1f} s, loss {value:.3f}, "
+              f"{tokens_per_step * args.steps / seconds:,.0f} tokens/s (first steps include compiling)")
 
     model.eval()
     with torch.no_grad():

@@ -43,6 +43,10 @@ from torch_tpu.modes import (  # noqa: E402
 )
 from torch_tpu.precision import TpuPerformanceWarning  # noqa: E402
 from torch_tpu.runtime.platform import set_num_cpu_devices  # noqa: E402
+from torch_tpu import metrics_file as _metrics_file  # noqa: E402
+from torch_tpu.config import config as _config  # noqa: E402
+
+_metrics_file.register(_config.metrics_file)  # TORCH_TPU_METRICS_FILE: metrics as JSON at exit
 
 
 __all__ = [

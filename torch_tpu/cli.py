@@ -15,6 +15,9 @@ COMMANDS = {
     "info": "torch_tpu.cli_info",
     "numerics": "torch_tpu.cli_numerics",
     "cache": "torch_tpu.cli_cache",
+    "doctor": "torch_tpu.cli_doctor",
+    "migrate": "torch_tpu.cli_migrate",
+    "report": "torch_tpu.cli_report",
 }
 
 

@@ -37,6 +37,19 @@ def _path(name: str) -> str | None:
     return value or None
 
 
+def _seconds(name: str, default: float) -> float:
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return default
+    try:
+        number = float(value)
+    except ValueError:
+        raise ValueError(f"{name}={value!r}: expected a number of seconds") from None
+    if number < 0:
+        raise ValueError(f"{name}={value!r}: expected a number of seconds >= 0")
+    return number
+
+
 def _int(name: str, default: int | None = None) -> int | None:
     value = os.environ.get(name, "").strip()
     if not value:
@@ -81,6 +94,14 @@ class Config:
     defer_min_period: int = field(default_factory=lambda: _int("TORCH_TPU_DEFER_MIN_PERIOD", 16))
     # Longest period (in ops) the heuristic looks for.
     defer_max_period: int = field(default_factory=lambda: _int("TORCH_TPU_DEFER_MAX_PERIOD", 1024))
+    # Developer tools (docs/troubleshooting.md): log every recompile with its reason.
+    explain_recompiles: bool = field(default_factory=lambda: _flag("TORCH_TPU_EXPLAIN_RECOMPILES"))
+    # Recompiles of one site before a one-time RecompileWarning suggests the fix.
+    recompile_warn_limit: int = field(default_factory=lambda: _int("TORCH_TPU_RECOMPILE_WARN_LIMIT", 8))
+    # A compile running longer than this many seconds prints a one-line notice (0: never).
+    compile_notice_seconds: float = field(default_factory=lambda: _seconds("TORCH_TPU_COMPILE_NOTICE_SECONDS", 10.0))
+    # Where to write the metrics (JSON) when the process exits; `torch-tpu report FILE` renders it.
+    metrics_file: str | None = field(default_factory=lambda: _path("TORCH_TPU_METRICS_FILE"))
 
     def __post_init__(self):
         if self.launch_blocking and self.defer_and_fuse:

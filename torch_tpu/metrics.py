@@ -79,6 +79,17 @@ def counters() -> dict:
     return out
 
 
+def snapshot() -> dict:
+    """Counters and every section's rows as plain data (what TORCH_TPU_METRICS_FILE holds)."""
+    sections = {}
+    for name, provider in _sections.items():
+        try:
+            sections[name] = {str(label): value for label, value in provider().items()}
+        except Exception as err:  # a section must not break the others (e.g. at interpreter exit)
+            sections[name] = {"error": f"{type(err).__name__}: {err}"}
+    return {"counters": counters(), "sections": sections}
+
+
 def reset() -> None:
     """Zero every counter."""
     counts.__init__()

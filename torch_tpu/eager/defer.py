@@ -47,7 +47,7 @@ import jax
 import numpy as np
 import torch
 
-from torch_tpu import _native, metrics, precision
+from torch_tpu import _native, metrics, precision, recompiles
 from torch_tpu.config import config
 from torch_tpu.eager import executor
 from torch_tpu.eager import program as program_mod
@@ -382,6 +382,7 @@ class Segment:
             _note(error, "the graph's ops were recorded at:\n" + _sites(fused.wheres))
             raise error from None
         _executables[key] = executable
+        recompiles.segment_compiled(self, nodes, key)
         return executable
 
 

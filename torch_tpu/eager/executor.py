@@ -21,7 +21,7 @@ import functools
 import jax
 import torch
 
-from torch_tpu import _native, metrics, precision
+from torch_tpu import _native, metrics, precision, recompiles
 from torch_tpu.config import config
 from torch_tpu.eager import program as program_mod
 from torch_tpu.eager import opspec
@@ -262,6 +262,7 @@ def _miss(key, spec, lowering, scalars, via_functional):
     _counts.cache_misses += 1
     prog = program_mod.build(key, spec, lowering, scalars, via_functional)
     programs[key] = prog
+    recompiles.op_compiled(key, spec)  # miss path only: why this site compiled again
     return prog
 
 

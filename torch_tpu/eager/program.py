@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import torch
 from torch._prims_common import elementwise_dtypes
 
-from torch_tpu import cache, precision
+from torch_tpu import cache, compile_notice, precision
 from torch_tpu.eager import strided
 from torch_tpu.eager.opspec import Arg, OpSpec
 from torch_tpu.ops.registry import Lowering
@@ -177,6 +177,7 @@ def build(key, spec: OpSpec, lowering: Lowering, scalars: list, via_functional: 
                         compute_dtype)
     if lowering.precision:  # products run at the level in the key, wherever and whenever the trace runs
         trace = precision.bind(trace, key[-1])
+    trace.op_name = str(spec.op)  # what a long-compile notice names (compile_notice.py)
     program = OpProgram(key, spec, outputs, return_counts, input_slots, updated_slots, slot_dtypes, resize, trace,
                         device, tuple(values))
     program.lowering = lowering
@@ -401,8 +402,9 @@ def compile_function(fn, sharding, args: tuple, donate_argnums: tuple = (), prog
     called with every flat argument.
     """
     (device,) = sharding.device_set
-    lowered = jax.jit(fn, out_shardings=sharding, donate_argnums=donate_argnums, keep_unused=True).lower(*args)
-    return cache.compile(lowered, device, program_key=program_key)
+    with compile_notice.watch(fn):  # one line if it takes long
+        lowered = jax.jit(fn, out_shardings=sharding, donate_argnums=donate_argnums, keep_unused=True).lower(*args)
+        return cache.compile(lowered, device, program_key=program_key)
 
 
 def compile_indexed(fn, sharding, args: tuple, signature, out_tree, donate_argnums: tuple = ()):
