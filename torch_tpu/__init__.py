@@ -28,7 +28,7 @@ def _register_backend() -> None:
     torch._register_device_module("tpu", device_module)
     autocast.set_default_dtype()
     _native.register_hooks()
-    _native.set_init_callback(lambda: len(platform.get().devices))
+    _native.set_init_callback(platform.count_for_torch)
     kernels.register_fallback()
     platform.on_init(kernels.register_all)
     platform.on_init(device_module._apply_pending_seed)
@@ -37,7 +37,7 @@ def _register_backend() -> None:
 if torch._C._get_privateuse1_backend_name() != "tpu":
     _register_backend()
 
-from torch_tpu import metrics, numerics, precision  # noqa: E402
+from torch_tpu import distributed, metrics, numerics, precision  # noqa: E402
 from torch_tpu.modes import (  # noqa: E402
     defer_and_fuse, execution_mode, get_execution_mode, set_defer_options, set_execution_mode,
 )
@@ -50,6 +50,6 @@ _metrics_file.register(_config.metrics_file)  # TORCH_TPU_METRICS_FILE: metrics 
 
 
 __all__ = [
-    "metrics", "numerics", "precision", "set_num_cpu_devices", "TpuPerformanceWarning", "__version__",
+    "distributed", "metrics", "numerics", "precision", "set_num_cpu_devices", "TpuPerformanceWarning", "__version__",
     "set_execution_mode", "get_execution_mode", "execution_mode", "defer_and_fuse", "set_defer_options",
 ]
