@@ -118,41 +118,46 @@ def _check(name: str, tensors) -> None:
 # ---------------------------------------------------------------------------
 # waiting with a timeout
 
-class _Waiter:
-    """One daemon thread that blocks on device results, so the caller can time out.
+class _Worker:
+    """One daemon thread that launches collective programs and waits on their results.
 
-    A collective whose peer never comes blocks XLA forever; the caller waits on an
-    event with the group's timeout instead. A stuck thread never keeps the process alive.
+    A collective whose peer never comes blocks XLA (on XLA:CPU already its launch);
+    the caller waits on an event with the group's timeout instead, so it can raise.
+    A stuck thread never keeps the process alive (daemon).
     """
 
     def __init__(self):
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._loop, name="tpu_dist-waiter", daemon=True)
+        self._thread = threading.Thread(target=self._loop, name="tpu_dist-worker", daemon=True)
         self._thread.start()
 
     def _loop(self):
         while True:
-            arrays, done, box = self._queue.get()
+            fn, done, box = self._queue.get()
             try:
-                jax.block_until_ready(arrays)
+                box.append((True, fn()))
             except BaseException as err:  # noqa: BLE001 - handed to the waiting caller
-                box.append(err)
+                box.append((False, err))
             done.set()
 
-    def submit(self, arrays) -> tuple:
+    def call(self, fn, seconds: float):
+        """fn() on the worker thread; (finished, ok, value)."""
         done, box = threading.Event(), []
-        self._queue.put((arrays, done, box))
-        return done, box
+        self._queue.put((fn, done, box))
+        if not done.wait(seconds):
+            return False, False, None
+        ok, value = box[0]
+        return True, ok, value
 
 
-_waiter: _Waiter | None = None
+_worker: _Worker | None = None
 
 
-def _get_waiter() -> _Waiter:
-    global _waiter
-    if _waiter is None:
-        _waiter = _Waiter()
-    return _waiter
+def _get_worker() -> _Worker:
+    global _worker
+    if _worker is None:
+        _worker = _Worker()
+    return _worker
 
 
 class Work(dist.Work):
@@ -183,15 +188,9 @@ class Work(dist.Work):
         if self._error is not None:
             raise self._error
         if not self._done:
-            limit = self._group._timeout if timeout in (None, datetime.timedelta(0)) else timeout
-            seconds = limit.total_seconds() if isinstance(limit, datetime.timedelta) else float(limit)
-            done, box = _get_waiter().submit(self._arrays)
-            if not done.wait(seconds):
-                self._error = self._group._timed_out(self._name, self._seq, seconds)
-                raise self._error
-            if box:
-                self._error = dist.DistBackendError(f"tpu_dist {self._name} failed: {box[0]}")
-                raise self._error
+            limit = None if timeout in (None, datetime.timedelta(0)) else timeout
+            arrays = self._arrays
+            self._group._bounded(self._name, self._seq, lambda: jax.block_until_ready(arrays), limit)
             self._done = True
         if self._after is not None:
             after, self._after = self._after, None
@@ -208,6 +207,35 @@ class Work(dist.Work):
     def result(self):
         self.wait()
         return self._result
+
+
+class _P2PWork(dist.Work):
+    """A queued send/recv: wait() runs the group's queue of point-to-point ops, then waits."""
+
+    def __init__(self, group, name: str, tensors):
+        super().__init__()
+        self._group, self._name, self._tensors = group, name, tensors
+        self._inner = None
+
+    def _set(self, inner) -> None:
+        self._inner = inner
+
+    def _run(self):
+        if self._inner is None:
+            self._group._flush_p2p()
+        return self._inner
+
+    def wait(self, timeout=None) -> bool:
+        return self._run().wait(timeout)
+
+    def is_completed(self) -> bool:
+        return self._inner is not None and self._inner.is_completed()
+
+    def get_future(self) -> Future:
+        return self._run().get_future()
+
+    def result(self):
+        return self._run().result()
 
 
 class _DoneWork(dist.Work):
@@ -253,6 +281,7 @@ class ProcessGroupTPU(dist.ProcessGroup):
         self._desc = ""
         self._gloo = None
         self._devices_cache = None
+        self._p2p: list = []  # queued isend/irecv (see _flush_p2p)
 
     # --- identity (PyProcessGroup forwards these C++ virtuals by their C++ names)
 
@@ -306,14 +335,27 @@ class ProcessGroupTPU(dist.ProcessGroup):
     def _launch(self, name: str, kind: str, inputs, params=(), install=None, result=None) -> Work:
         """Run collective `kind` on the flat values of `inputs`; install(results) writes the outputs."""
         storage.materialize("collective")
+        self._flush_p2p()
         self._seq += 1
         blocks = [_local(t) for t in inputs]
         stats["collectives"] += 1
         stats["bytes"] += sum(b.size * b.dtype.itemsize for b in blocks)
-        results = programs.run(kind, self._devices, blocks, params)
+        devices = self._devices
+        results = self._bounded(name, self._seq, lambda: programs.run(kind, devices, blocks, params))
         if install is not None:
             install(results)
         return Work(self, name, self._seq, results, result)
+
+    def _bounded(self, name: str, seq: int, fn, timeout=None):
+        """fn() (a launch, or a wait for results) on the worker thread, for at most the timeout."""
+        limit = timeout if timeout is not None else self._timeout
+        seconds = limit.total_seconds() if isinstance(limit, datetime.timedelta) else float(limit)
+        finished, ok, value = _get_worker().call(fn, seconds)
+        if not finished:
+            raise self._timed_out(name, seq, seconds)
+        if not ok:
+            raise dist.DistBackendError(f"tpu_dist {name} (collective #{seq}) failed: {value}") from value
+        return value
 
     def _timed_out(self, name: str, seq: int, seconds: float) -> CollectiveTimeoutError:
         """The error of a collective that timed out, naming the ranks that never reached it."""
@@ -609,9 +651,11 @@ class ProcessGroupTPU(dist.ProcessGroup):
         padded = jnp.take(jnp.concatenate([src, jnp.zeros((1,), src.dtype)]),
                           jax.device_put(index.reshape(-1), device))
         storage.materialize("collective")
+        self._flush_p2p()
         self._seq += 1
         stats["collectives"] += 1
-        (got,) = programs.run("all_to_all", self._devices, [padded], ())
+        devices = self._devices
+        (got,) = self._bounded("all_to_all_single", self._seq, lambda: programs.run("all_to_all", devices, [padded], ()))
         keep = np.concatenate([np.arange(j * chunk, j * chunk + n) for j, n in enumerate(out_counts)]).astype(np.int64)
         flat = jnp.take(got, jax.device_put(keep, device)) if keep.size else got[:0]
         _install(output, flat)
@@ -621,18 +665,25 @@ class ProcessGroupTPU(dist.ProcessGroup):
         """max(value) over the group's ranks, on the host (one small collective program)."""
         device = platform.get().devices[0]
         block = jax.device_put(np.array([value], dtype=np.int64), device)
+        self._flush_p2p()
         self._seq += 1
-        (out,) = programs.run("all_reduce", self._devices, [block], ("max",))
-        done, box = _get_waiter().submit([out])
-        if not done.wait(self._timeout.total_seconds()):
-            raise self._timed_out("all_to_all_single (split sizes)", self._seq, self._timeout.total_seconds())
-        return int(np.asarray(out)[0])
+        devices = self._devices
+
+        def run():
+            (out,) = programs.run("all_reduce", devices, [block], ("max",))
+            return int(np.asarray(out)[0])
+
+        return self._bounded("all_to_all_single (split sizes)", self._seq, run)
 
     def barrier(self, opts=None):
+        self._flush_p2p()
         token = torch.ones(1, device="tpu")
         return self._launch("barrier", "all_reduce", [token], ("sum",), None, None)
 
-    # --- point to point: a ppermute over the pair's two-device mesh (both sides run it)
+    # --- point to point: a ppermute over the pair's two-device mesh (both sides run it).
+    # isend/irecv are queued and run together, in one order every rank agrees on (by pair,
+    # then lower rank's send first), so a ring of isend/irecv (batch_isend_irecv) cannot
+    # deadlock; a wait(), a blocking send/recv or any other collective runs the queue.
 
     def _pair(self, peer: int):
         if not 0 <= peer < self._size or peer == self._rank:
@@ -640,31 +691,40 @@ class ProcessGroupTPU(dist.ProcessGroup):
         low, high = sorted((self._rank, peer))
         return low, high, (self._devices[low], self._devices[high])
 
-    def send(self, tensors, dst: int, tag: int = 0):
+    def _queue_p2p(self, name: str, tensors, peer: int, sending: bool):
         if self._cpu(tensors):
-            return _DoneWork(self._gloo_group().send(tensors, dst, tag), tensors)
-        _check("send", tensors)
-        low, high, devices = self._pair(dst)
-        a, b = (0, 1) if self._rank == low else (1, 0)
+            gloo = self._gloo_group()
+            return _DoneWork(gloo.send(tensors, peer, 0) if sending else gloo.recv(tensors, peer, 0), tensors)
+        _check(name, tensors)
+        low, high, devices = self._pair(peer)
+        src = self._rank if sending else peer
+        a, b = (0, 1) if src == low else (1, 0)
+        work = _P2PWork(self, f"{name} {'to' if sending else 'from'} rank {peer}", tensors)
+        # Sends read their tensors now (a later in-place update must not leak into the message).
+        blocks = [_local(t) for t in tensors] if sending else None
+        self._p2p.append(((low, high, a != 0, len(self._p2p)), devices, (a, b), tensors, blocks, sending, work))
+        return work
+
+    def _flush_p2p(self) -> None:
+        pending, self._p2p = self._p2p, []
+        if not pending:
+            return
         storage.materialize("collective")
-        self._seq += 1
-        results = programs.run("permute", devices, [_local(t) for t in tensors], (a, b))
-        return Work(self, f"send to rank {dst}", self._seq, results, tensors)
+        for _, devices, perm, tensors, blocks, sending, work in sorted(pending, key=lambda p: p[0]):
+            self._seq += 1
+            if blocks is None:  # the receiver's block is a same-shaped placeholder
+                blocks = [_local(t) for t in tensors]
+            results = self._bounded(work._name, self._seq, lambda: programs.run("permute", devices, blocks, perm))
+            if not sending:
+                for t, r in zip(tensors, results):
+                    _install(t, r)
+            work._set(Work(self, work._name, self._seq, results, tensors))
+
+    def send(self, tensors, dst: int, tag: int = 0):
+        return self._queue_p2p("send", tensors, dst, True)
 
     def recv(self, tensors, src: int, tag: int = 0):
-        if self._cpu(tensors):
-            return _DoneWork(self._gloo_group().recv(tensors, src, tag), tensors)
-        _check("recv", tensors)
-        low, high, devices = self._pair(src)
-        a, b = (0, 1) if src == low else (1, 0)
-        storage.materialize("collective")
-        self._seq += 1
-        # The receiver's block is only a same-shaped placeholder: ppermute fills it from the sender.
-        blocks = [_local(t) for t in tensors]
-        results = programs.run("permute", devices, blocks, (a, b))
-        for t, r in zip(tensors, results):
-            _install(t, r)
-        return Work(self, f"recv from rank {src}", self._seq, results, tensors)
+        return self._queue_p2p("recv", tensors, src, False)
 
     def recv_anysource(self, tensors, tag: int = 0):
         raise NotImplementedError("tpu_dist: recv from any source is not supported (name the sender)")
