@@ -21,7 +21,7 @@ def _register_backend() -> None:
     from torch_tpu import autocast
     from torch_tpu import device as device_module
     from torch_tpu.eager import kernels
-    from torch_tpu.runtime import platform
+    from torch_tpu.runtime import platform, storage
 
     torch.utils.rename_privateuse1_backend("tpu")
     torch.utils.generate_methods_for_privateuse1_backend()
@@ -29,6 +29,7 @@ def _register_backend() -> None:
     autocast.set_default_dtype()
     _native.register_hooks()
     _native.set_init_callback(platform.count_for_torch)
+    _native.set_resize_callback(storage.resized)
     kernels.register_fallback()
     platform.on_init(kernels.register_all)
     platform.on_init(device_module._apply_pending_seed)

@@ -354,27 +354,36 @@ class ProcessGroupTPU(dist.ProcessGroup):
         if not finished:
             raise self._timed_out(name, seq, seconds)
         if not ok:
-            raise dist.DistBackendError(f"tpu_dist {name} (collective #{seq}) failed: {value}") from value
+            if isinstance(value, (ValueError, TypeError)) and "Gloo" not in str(value) and "UNKNOWN" not in str(value):
+                raise value  # a bad argument met while tracing, not a peer's failure
+            raise dist.DistBackendError(
+                f"tpu_dist: {name} (collective #{seq} of group {self._name or '0'}) failed: {value}; "
+                f"{self._missing(seq, 3.0)}. The process group cannot be used after this; end the process."
+            ) from value
         return value
 
-    def _timed_out(self, name: str, seq: int, seconds: float) -> CollectiveTimeoutError:
-        """The error of a collective that timed out, naming the ranks that never reached it."""
-        stats["timeouts"] += 1
-        key = f"tpu_dist/timeout/{seq}/"
+    def _missing(self, seq: int, grace: float) -> str:
+        """Which ranks never reached collective `seq`: every rank that did says so in the store."""
+        key = f"tpu_dist/stuck/{seq}/"
         try:
             self._store.set(key + str(self._rank), "1")
-            deadline = time.monotonic() + min(3.0, max(seconds / 4, 0.5))
+            deadline = time.monotonic() + grace
             arrived = {self._rank}
             while time.monotonic() < deadline and len(arrived) < self._size:
                 for r in range(self._size):
                     if r not in arrived and self._store.check([key + str(r)]):
                         arrived.add(r)
                 time.sleep(0.05)
-            missing = [self._global_ranks[r] for r in range(self._size) if r not in arrived]
-            waited = sorted(self._global_ranks[r] for r in arrived)
-            detail = f"ranks {missing} never reached it (dead, or running other code); ranks {waited} waited"
         except Exception as err:  # noqa: BLE001 - the store itself may be gone with rank 0
-            detail = f"the c10d store could not say which ranks are missing ({err})"
+            return f"the c10d store could not say which ranks are missing ({err})"
+        missing = [self._global_ranks[r] for r in range(self._size) if r not in arrived]
+        waited = sorted(self._global_ranks[r] for r in arrived)
+        return f"ranks {missing} never reached it (dead, or running other code); ranks {waited} did"
+
+    def _timed_out(self, name: str, seq: int, seconds: float) -> CollectiveTimeoutError:
+        """The error of a collective that timed out, naming the ranks that never reached it."""
+        stats["timeouts"] += 1
+        detail = self._missing(seq, min(3.0, max(seconds / 4, 0.5)))
         return CollectiveTimeoutError(
             f"tpu_dist: {name} (collective #{seq} of group {self._name or '0'}, ranks "
             f"{list(self._global_ranks)}) timed out after {seconds:.1f} s: {detail}. The process group "
