@@ -388,6 +388,19 @@ def fsdp() -> None:
         tol = dict(rtol=2e-3, atol=2e-4) if mp is None else dict(rtol=0.1, atol=2e-2)
         for (name, p), q in zip(model.named_parameters(), ref.parameters()):
             check(f"fsdp {label} {name}", p.full_tensor().detach(), q.detach(), exact=False, **tol)
+        if mp is None and os.environ.get("TPU_DIST_DIR"):
+            _dcp_save(model, os.environ["TPU_DIST_DIR"], rank)
+
+
+def _dcp_save(model, path: str, rank: int) -> None:
+    """Save the FSDP2-sharded state dict with DCP (each rank writes its shards) and the full values."""
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save({"model": model.state_dict()}, checkpoint_id=os.path.join(path, "dcp"))
+    full = {k: v.full_tensor().cpu() for k, v in model.state_dict().items()}
+    if rank == 0:
+        torch.save(full, os.path.join(path, "full.pt"))
+    check("dcp save", True, True)
 
 
 def mesh4() -> None:

@@ -19,8 +19,8 @@ from dist_launch import launch
 TPU = torch.device("tpu:0")
 
 
-def _run(name: str, world: int, timeout: float = 300.0, ranks=None) -> list[str]:
-    results = launch(name, world, timeout=timeout)
+def _run(name: str, world: int, timeout: float = 300.0, ranks=None, env=None) -> list[str]:
+    results = launch(name, world, timeout=timeout, env=env)
     for rank, (code, out) in enumerate(results):
         if ranks is not None and rank not in ranks:
             continue
@@ -128,11 +128,24 @@ def test_straggler_times_out_naming_it():
 
 
 @pytest.mark.heavy
-def test_fsdp2_matches_one_process():
-    passed = _run("fsdp", 2)
+def test_fsdp2_matches_one_process_and_dcp_reshards(tmp_path):
+    """FSDP2 on 2 processes == one process; its DCP checkpoint loads bit-exactly in one process."""
+    import torch.distributed.checkpoint as dcp
+
+    from dist_programs import _Transformer
+
+    passed = _run("fsdp", 2, env={"TPU_DIST_DIR": str(tmp_path)})
     assert "fsdp fp32 params are DTensors" in passed
     assert "fsdp fp32 head.weight" in passed and "fsdp bf16 head.weight" in passed
-    assert "fsdp bf16 blocks.1.fc2.weight" in passed
+    assert "fsdp bf16 blocks.1.fc2.weight" in passed and "dcp save" in passed
+    # world size 2 -> 1: this process, no process group, tpu tensors
+    model = _Transformer().to(TPU)
+    state = {"model": model.state_dict()}
+    dcp.load(state, checkpoint_id=str(tmp_path / "dcp"))
+    model.load_state_dict(state["model"])
+    full = torch.load(tmp_path / "full.pt")
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(value.cpu(), full[name], rtol=0, atol=0)
 
 
 @pytest.mark.heavy
