@@ -451,6 +451,40 @@ def mesh4() -> None:
     check("mesh dp group all_reduce", t, torch.tensor([float(sum(col))]))
 
 
+def spmd() -> None:
+    """spmd_safe: identical regions pass the handshake; differing ones raise naming the rank and op."""
+    rank, world = init()
+    from torch_tpu.distributed import SpmdMismatchError, spmd_safe
+
+    @spmd_safe
+    def step(t):
+        dist.all_reduce(t)
+        return t * 2
+
+    for _ in range(2):  # the second run skips the handshake
+        out = step(torch.ones(3, device=TPU))
+    check("spmd_safe region result", out, torch.full((3,), 2.0 * world))
+    check("torch.tpu.spmd_safe", torch.tpu.spmd_safe is spmd_safe, True)
+
+    def mismatch(body, label):
+        try:
+            with spmd_safe(name=label):
+                body()
+        except SpmdMismatchError as err:
+            print(f"MISMATCH {label}: {err}", flush=True)
+            check(f"spmd mismatch {label} names rank 1", "ranks [1] differ from rank 0" in str(err), True)
+            return str(err)
+        raise AssertionError(f"spmd_safe accepted {label}")
+
+    t = torch.ones(4, device=TPU)
+    msg = mismatch(lambda: dist.all_reduce(t) if rank == 0 else dist.all_reduce(t, op=dist.ReduceOp.MAX), "op")
+    check("spmd mismatch names the operations", "all_reduce(float32[4], sum)" in msg and "max" in msg, True)
+    msg = mismatch(lambda: dist.all_reduce(t) if rank == 0 else None, "missing collective")
+    check("spmd mismatch names end of region", "end of region" in msg, True)
+    dist.barrier()  # the group still works: nothing mismatched was launched
+    checks.append("group usable after mismatch")
+
+
 def main() -> None:
     name = sys.argv[1]
     if os.environ.get("TPU_DIST_TRACE"):

@@ -103,15 +103,20 @@ COLLECTIVES = [
 ]
 
 
-def test_collectives_and_ddp_two_processes():
-    """Every collective on 2 processes against CPU references, then DDP == one process (10 steps)."""
-    passed = _run("collectives+ddp", 2)
+def test_collectives_ddp_spmd_two_processes():
+    """Every collective on 2 processes against CPU references, DDP == one process (10 steps), and
+    spmd_safe's handshake (a mismatch raises naming the rank and the operations)."""
+    passed = _run("collectives+ddp+spmd", 2)
     for name in COLLECTIVES:
         assert name in passed, f"check {name!r} did not run"
     for dtype in ("float32", "bfloat16", "int64", "int32"):
         for op in ("SUM", "MAX", "MIN", "PRODUCT"):
             assert f"all_reduce RedOpType.{op} torch.{dtype}" in passed
     assert "all_reduce RedOpType.AVG torch.bfloat16" in passed
+    for name in ("spmd_safe region result", "torch.tpu.spmd_safe", "spmd mismatch op names rank 1",
+                 "spmd mismatch names the operations", "spmd mismatch names end of region",
+                 "group usable after mismatch"):
+        assert name in passed, f"check {name!r} did not run"
 
 
 def test_killed_rank_gives_an_error_naming_it():

@@ -8,7 +8,11 @@ group's module load when a group is created.
 """
 from __future__ import annotations
 
+import sys as _sys
+
 import torch.distributed as _dist
+
+from torch_tpu.distributed.spmd import SpmdMismatchError, spmd_safe
 
 BACKEND = "tpu_dist"
 
@@ -37,3 +41,14 @@ def __getattr__(name):
 
 
 register()
+
+
+def _expose_on_device_module() -> None:
+    """torch.tpu.spmd_safe and torch.tpu.distributed, as the modelled API names them."""
+    from torch_tpu import device as _device
+
+    _device.spmd_safe = spmd_safe
+    _device.distributed = _sys.modules[__name__]
+
+
+_expose_on_device_module()

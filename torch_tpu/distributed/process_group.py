@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 from torch.futures import Future
 
-from torch_tpu.distributed import bootstrap, programs
+from torch_tpu.distributed import bootstrap, programs, spmd
 from torch_tpu.runtime import dtypes, platform, storage
 
 log = logging.getLogger("torch_tpu.distributed")
@@ -190,6 +190,10 @@ class Work(dist.Work):
         if not self._done:
             limit = None if timeout in (None, datetime.timedelta(0)) else timeout
             arrays = self._arrays
+            if all(a.is_ready() for a in arrays):  # finished already: no hand-off to the worker
+                self._done = True
+                arrays = None
+        if not self._done:
             self._group._bounded(self._name, self._seq, lambda: jax.block_until_ready(arrays), limit)
             self._done = True
         if self._after is not None:
@@ -338,6 +342,7 @@ class ProcessGroupTPU(dist.ProcessGroup):
         self._flush_p2p()
         self._seq += 1
         blocks = [_local(t) for t in inputs]
+        spmd.before_collective(self, spmd.describe(name, blocks, params))
         stats["collectives"] += 1
         stats["bytes"] += sum(b.size * b.dtype.itemsize for b in blocks)
         devices = self._devices
