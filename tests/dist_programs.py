@@ -81,6 +81,12 @@ def collectives() -> None:
                 want = ref(xs)
             check(f"all_reduce {op} {dtype}", t, want, exact=dtype != torch.float32)
 
+    # complex sums (reduced as their real pairs)
+    xs = [torch.complex(value(r, (3,), salt=12), value(r, (3,), salt=13)) for r in ranks]
+    t = xs[rank].to(TPU)
+    dist.all_reduce(t)
+    check("all_reduce complex64", t, sum(xs), exact=False)
+
     # a non-contiguous view is reduced in place, the rest of its storage untouched
     base = [value(r, (4, 6), salt=2) for r in ranks]
     t = base[rank].to(TPU)
@@ -200,6 +206,11 @@ def collectives() -> None:
         dist.all_gather_into_tensor(out, torch.tensor([float(rank)], device=TPU), group=pair)
         # group rank order follows the ranks list as given? PyTorch sorts a new group's ranks.
         check("new_group all_gather", out, torch.tensor([0.0, float(world - 1)]))
+
+    own, _ = dist.new_subgroups(group_size=1)  # a group of one per rank
+    t = torch.tensor([float(rank)], device=TPU)
+    dist.all_reduce(t, group=own)
+    check("new_subgroups all_reduce", t, torch.tensor([float(rank)]))
 
     # functional collectives (what DTensor and compiled graphs call)
     import torch.distributed._functional_collectives as funcol

@@ -99,7 +99,7 @@ COLLECTIVES = [
     "scatter", "send/recv", "batch_isend_irecv ring", "work.is_completed", "work.get_future", "barrier",
     "new_group all_reduce", "new_group all_gather", "funcol.all_reduce", "funcol.all_gather_tensor",
     "funcol.reduce_scatter_tensor", "cpu tensor via gloo fallback", "all_reduce strided view",
-    "ddp 0.weight", "ddp 2.bias",
+    "ddp 0.weight", "ddp 2.bias", "all_reduce complex64", "new_subgroups all_reduce",
 ]
 
 

@@ -35,6 +35,7 @@ import torch.distributed as dist
 from torch.futures import Future
 
 from torch_tpu.distributed import bootstrap, programs, spmd
+from torch_tpu import metrics
 from torch_tpu.runtime import dtypes, platform, storage
 
 log = logging.getLogger("torch_tpu.distributed")
@@ -46,6 +47,17 @@ _OPS = {
 }
 fallback_stats = {"gloo_cpu_collectives": 0}
 stats = {"collectives": 0, "bytes": 0, "timeouts": 0}
+
+
+def _report() -> dict:
+    return {
+        "collectives launched": stats["collectives"], "bytes sent (this rank)": stats["bytes"],
+        "collective programs compiled": programs.stats["programs_compiled"], "timeouts": stats["timeouts"],
+        "gloo fallback (CPU tensors)": fallback_stats["gloo_cpu_collectives"],
+    }
+
+
+metrics.add_section("distributed (tpu_dist)", _report)
 
 
 def _op_name(op) -> str:
