@@ -298,7 +298,12 @@ TIMEOUT = 5.0
 
 
 def _failure(rank1_does, expect: str) -> None:
-    rank, world = init(timeout=TIMEOUT)
+    # Also the init_method path: tcp:// with explicit rank and world size, no torchrun variables.
+    rank, world = int(os.environ.pop("RANK")), int(os.environ.pop("WORLD_SIZE"))
+    address = f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+    dist.init_process_group("tpu_dist", init_method=address, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=TIMEOUT))
+    check("tcp:// init_method", (dist.get_rank(), torch.tpu.device_count()), (rank, 1))
     t = torch.ones(2, device=TPU)
     dist.all_reduce(t)
     if rank == 1:
