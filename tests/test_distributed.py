@@ -160,3 +160,21 @@ def test_device_mesh_dtensor_tensor_parallel_four_processes():
                  "tensor parallel forward", "tensor parallel grad", "mesh tp group all_reduce",
                  "mesh dp group all_reduce"):
         assert name in passed
+
+
+def test_storage_resize_keeps_values_and_frees():
+    """untyped_storage().resize_() (FSDP2 frees/re-allocates unsharded parameters): values move, new bytes are zeros."""
+    x = torch.arange(6.0)
+    t = x.to(TPU)
+    s = t.untyped_storage()
+    address = s.data_ptr()
+    s.resize_(32)
+    assert s.nbytes() == 32 and s.data_ptr() != address
+    grown = torch.empty(0, device=TPU).set_(s, 0, (8,), (1,))
+    torch.testing.assert_close(grown.cpu(), torch.cat([x, torch.zeros(2)]), rtol=0, atol=0)
+    s.resize_(8)
+    torch.testing.assert_close(torch.empty(0, device=TPU).set_(s, 0, (2,), (1,)).cpu(), x[:2], rtol=0, atol=0)
+    s.resize_(0)
+    assert s.nbytes() == 0
+    s.resize_(24)
+    torch.testing.assert_close(torch.empty(0, device=TPU).set_(s, 0, (6,), (1,)).cpu(), torch.zeros(6), rtol=0, atol=0)
