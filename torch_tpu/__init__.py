@@ -29,7 +29,8 @@ def _register_backend() -> None:
     autocast.set_default_dtype()
     _native.register_hooks()
     _native.set_init_callback(platform.count_for_torch)
-    _native.set_resize_callback(storage.resized)
+    if hasattr(_native, "set_resize_callback"):  # a shim built before storage resize_ support lacks it
+        _native.set_resize_callback(storage.resized)
     kernels.register_fallback()
     platform.on_init(kernels.register_all)
     platform.on_init(device_module._apply_pending_seed)
