@@ -21,14 +21,16 @@ def _register_backend() -> None:
     from torch_tpu import autocast
     from torch_tpu import device as device_module
     from torch_tpu.eager import kernels
-    from torch_tpu.runtime import platform
+    from torch_tpu.runtime import platform, storage
 
     torch.utils.rename_privateuse1_backend("tpu")
     torch.utils.generate_methods_for_privateuse1_backend()
     torch._register_device_module("tpu", device_module)
     autocast.set_default_dtype()
     _native.register_hooks()
-    _native.set_init_callback(lambda: len(platform.get().devices))
+    _native.set_init_callback(platform.count_for_torch)
+    if hasattr(_native, "set_resize_callback"):  # a shim built before storage resize_ support lacks it
+        _native.set_resize_callback(storage.resized)
     kernels.register_fallback()
     platform.on_init(kernels.register_all)
     platform.on_init(device_module._apply_pending_seed)
@@ -37,7 +39,7 @@ def _register_backend() -> None:
 if torch._C._get_privateuse1_backend_name() != "tpu":
     _register_backend()
 
-from torch_tpu import metrics, numerics, precision  # noqa: E402
+from torch_tpu import distributed, metrics, numerics, precision  # noqa: E402
 from torch_tpu.modes import (  # noqa: E402
     defer_and_fuse, execution_mode, get_execution_mode, set_defer_options, set_execution_mode,
 )
@@ -50,6 +52,6 @@ _metrics_file.register(_config.metrics_file)  # TORCH_TPU_METRICS_FILE: metrics 
 
 
 __all__ = [
-    "metrics", "numerics", "precision", "set_num_cpu_devices", "TpuPerformanceWarning", "__version__",
+    "distributed", "metrics", "numerics", "precision", "set_num_cpu_devices", "TpuPerformanceWarning", "__version__",
     "set_execution_mode", "get_execution_mode", "execution_mode", "defer_and_fuse", "set_defer_options",
 ]

@@ -103,6 +103,9 @@ class Config:
     # Where to write the metrics (JSON) when the process exits; `torch-tpu report FILE` renders it.
     metrics_file: str | None = field(default_factory=lambda: _path("TORCH_TPU_METRICS_FILE"))
 
+    # tpu_dist: the host rank 0's JAX coordinator listens on (default: MASTER_ADDR, else 127.0.0.1).
+    coordinator_host: str | None = field(default_factory=lambda: _path("TORCH_TPU_COORDINATOR_HOST"))
+
     def __post_init__(self):
         if self.launch_blocking and self.defer_and_fuse:
             import warnings

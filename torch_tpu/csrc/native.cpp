@@ -45,6 +45,7 @@ constexpr int kMaxDevices = 64;
 // ---------------------------------------------------------------- devices
 std::atomic<int> g_device_count{-1};  // -1: runtime not initialised yet
 py::object* g_init_callback = nullptr;  // Python: initialise runtime, return count
+py::object* g_resize_callback = nullptr;  // Python: move a storage's buffer on resize_
 std::string g_init_error;               // why the last initialisation failed
 thread_local DeviceIndex t_current_device = 0;
 
@@ -261,6 +262,23 @@ struct TpuHooks final : at::PrivateUse1HooksInterface {
     return g_pinned.count(ptr) > 0;
   }
   at::Allocator* getPinnedMemoryAllocator() const override { return &g_pinned_allocator; }
+  // untyped_storage().resize_(n) (FSDP2 frees and re-allocates unsharded parameters this way):
+  // a fresh allocation of the new size; Python moves the device buffer to the new address.
+  void resizePrivateUse1Bytes(const c10::Storage& storage, size_t newsize) const override {
+    c10::StorageImpl* impl = storage.unsafeGetStorageImpl();
+    TORCH_CHECK(impl->resizable(), "Trying to resize storage that is not resizable");
+    c10::DeviceGuard guard(impl->device());
+    uint64_t old_address = reinterpret_cast<uint64_t>(impl->data());
+    size_t old_size = impl->nbytes();
+    c10::DataPtr fresh = g_allocator.allocate(newsize);
+    uint64_t new_address = reinterpret_cast<uint64_t>(fresh.get());
+    if (g_resize_callback != nullptr) {
+      py::gil_scoped_acquire gil;
+      (*g_resize_callback)(old_address, new_address, old_size, newsize);
+    }
+    impl->set_data_ptr_noswap(std::move(fresh));
+    impl->set_nbytes(newsize);
+  }
 };
 
 // ---------------------------------------------------------------- factories
@@ -1123,6 +1141,10 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "torch_tpu native shim: device guard, hooks, allocator";
   m.def("register_hooks", []() { at::RegisterPrivateUse1HooksInterface(new TpuHooks()); });
+  m.def("set_resize_callback", [](py::object cb) {
+    delete g_resize_callback;
+    g_resize_callback = new py::object(std::move(cb));
+  });
   m.def("set_init_callback", [](py::object cb) {
     delete g_init_callback;
     g_init_callback = new py::object(std::move(cb));

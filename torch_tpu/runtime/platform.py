@@ -57,6 +57,25 @@ def set_num_cpu_devices(n: int) -> None:
         _requested_cpu_devices = n
 
 
+def launched_per_device() -> bool:
+    """Started by a distributed launcher (torchrun's RANK/WORLD_SIZE > 1): one device per process.
+
+    Then the device count is 1 before JAX starts, so PyTorch may ask it (init_process_group
+    does) without starting JAX before tpu_dist joins the multi-process runtime.
+    """
+    try:
+        return int(os.environ.get("WORLD_SIZE", "1")) > 1 and "RANK" in os.environ
+    except ValueError:
+        return False
+
+
+def count_for_torch() -> int:
+    """The device count PyTorch's hooks see (1 without starting JAX in a launched process)."""
+    if _state is None and launched_per_device():
+        return 1
+    return len(get().devices)
+
+
 def is_initialized() -> bool:
     return _state is not None
 
@@ -81,6 +100,8 @@ def init() -> Runtime:
         if platform in ("cuda", "rocm"):
             platform = "gpu"
         n_cpu = _requested_cpu_devices or config.num_cpu_devices
+        if launched_per_device():  # one process per device (tpu_dist)
+            n_cpu = 1
         if n_cpu is not None and (platform in (None, "cpu")):
             try:
                 jax.config.update("jax_num_cpu_devices", n_cpu)
@@ -89,7 +110,9 @@ def init() -> Runtime:
         if platform is None:
             platform = jax.default_backend()
         try:
-            devices = tuple(jax.devices(platform))
+            # This process's devices only: under jax.distributed (tpu_dist) jax.devices()
+            # also lists other processes' devices, which this process cannot address.
+            devices = tuple(jax.local_devices(backend=platform))
         except RuntimeError as err:
             raise RuntimeError(
                 f"torch_tpu: XLA platform {platform!r} is not available ({err}). "

@@ -67,3 +67,23 @@ def materialize(reason: str = "read") -> None:
     flush = _flush
     if flush is not None:
         flush(reason)
+
+
+def resized(old_address: int, new_address: int, old_nbytes: int, new_nbytes: int) -> None:
+    """`untyped_storage().resize_()` moved a storage to a new allocation: move its buffer too.
+
+    Kept bytes keep their values; new bytes read as zeros; resize_(0) drops the buffer
+    (FSDP2 frees unsharded parameters so and re-allocates them before its all-gathers).
+    """
+    materialize("resize")
+    entry = buffers.pop(old_address, None)
+    if entry is None or new_nbytes == 0:
+        return
+    import jax.numpy as jnp
+
+    value, dtype = entry
+    n = new_nbytes // dtype.itemsize
+    if n <= value.shape[0]:
+        buffers[new_address] = (value[:n], dtype)
+    else:
+        buffers[new_address] = (jnp.pad(value, (0, n - value.shape[0])), dtype)
