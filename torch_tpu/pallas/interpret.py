@@ -11,7 +11,8 @@ interpreter, which also simulates TPU memory spaces, DMAs and semaphores; it
 uses host callbacks, so programs using it are not stored in the compile cache's
 persistent levels).
 
-Owns: that decision, its one-time notice and the `pallas_interpret` counter.
+Owns: that decision, its one-time notice and the `pallas_interpret` counter (operator shapes whose
+Pallas kernels run interpreted).
 """
 from __future__ import annotations
 
@@ -49,6 +50,33 @@ def native() -> bool:
     return mode() is None
 
 
+def uses_pallas(jaxpr) -> bool:
+    """Whether a (closed) jaxpr calls a Pallas kernel, looking into nested jaxprs (jit, cond, scan...)."""
+    inner = getattr(jaxpr, "jaxpr", jaxpr)
+    for eqn in getattr(inner, "eqns", ()):
+        if eqn.primitive.name == "pallas_call":
+            return True
+        for value in eqn.params.values():
+            for v in value if isinstance(value, (tuple, list)) else (value,):
+                if hasattr(v, "eqns") or hasattr(getattr(v, "jaxpr", None), "eqns"):
+                    if uses_pallas(v):
+                        return True
+    return False
+
+
+def note(name: str) -> None:
+    """An operator calling a Pallas kernel got a new shape here: count it; say once that kernels are interpreted."""
+    if mode() is None:
+        return
+    global _noticed
+    metrics.counts.pallas_interpret += 1
+    if not _noticed:
+        _noticed = True
+        _log.warning("Pallas kernels run in interpret mode on the %r platform (first: %s): correct but slow; "
+                     "they compile natively on TPU and GPU. TORCH_TPU_PALLAS_INTERPRET=0 turns this off.",
+                     platform_name(), name)
+
+
 @contextlib.contextmanager
 def interpreting(name: str):
     """Trace a kernel function under the chosen Pallas mode (a no-op where Pallas compiles natively)."""
@@ -58,13 +86,6 @@ def interpreting(name: str):
         return
     from jax.experimental.pallas import tpu as pltpu
 
-    global _noticed
-    metrics.counts.pallas_interpret += 1
-    if not _noticed:
-        _noticed = True
-        _log.warning("Pallas kernels run in interpret mode on the %r platform (first: %s): correct but slow; "
-                     "they compile natively on TPU and GPU. TORCH_TPU_PALLAS_INTERPRET=0 turns this off.",
-                     platform_name(), name)
     # NOTE(jax 0.10): pallas_call reads this setting when it is bound; True selects the HLO
     # interpreter, an InterpretParams the TPU interpreter.
     params = pltpu.InterpretParams() if chosen == "tpu" else True

@@ -182,6 +182,8 @@ class JaxOp:
             _params, _returns = _signature(fn, set(static_argnames))
         self.params, self.returns = _params, _returns
         self._trace_fn = _trace_fn  # (schema args) -> pytree of arrays; default: call fn
+        # How a call's arguments bind to the parameters (None: already in schema order).
+        self._call_signature = inspect.signature(fn) if _trace_fn is None else None
         self._trees: dict = {}  # abstract signature -> (out treedef, out avals)
         self.schema = _schema(self.params, self.returns)
         with _lock:
@@ -253,7 +255,7 @@ class JaxOp:
             return self.call_jax(*full)
 
         try:
-            out = jax.eval_shape(run, *(specs[i] for i in arrays))
+            jaxpr, out = jax.make_jaxpr(run, return_shape=True)(*(specs[i] for i in arrays))
         except (jax.errors.ConcretizationTypeError, jax.errors.TracerBoolConversionError,
                 jax.errors.TracerIntegerConversionError, jax.errors.TracerArrayConversionError) as err:
             raise RuntimeError(
@@ -262,6 +264,10 @@ class JaxOp:
                 f"size=n)) or pass such values as static int arguments. JAX said: {str(err).splitlines()[0]}"
             ) from None
         leaves = self._flat(out)
+        from torch_tpu.pallas import interpret
+
+        if interpret.uses_pallas(jaxpr):
+            interpret.note(self.qualname)
         found = self._trees[cache_key] = (jax.tree_util.tree_structure(out), leaves)
         return found
 
@@ -418,7 +424,7 @@ class JaxOp:
 
     # ------------------------------------------------------------------ calling
     def __call__(self, *args, **kwargs):
-        bound = inspect.signature(self.fn).bind(*args, **kwargs) if self._trace_fn is None else None
+        bound = self._call_signature.bind(*args, **kwargs) if self._call_signature is not None else None
         if bound is not None:
             bound.apply_defaults()
             full = [bound.arguments[p.name] for p in self.params]
