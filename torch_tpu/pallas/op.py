@@ -105,6 +105,8 @@ def _default_literal(value) -> str | None:
         return "True" if value else "False"
     if type(value) in (int, float) and math.isfinite(value):
         return repr(value)
+    if type(value) is str and all(c.isalnum() or c in "_-. " for c in value):
+        return f'"{value}"'
     if isinstance(value, (tuple, list)) and all(type(v) in (int, bool) for v in value):
         return "[" + ", ".join(str(int(v)) if type(v) is int else ("True" if v else "False") for v in value) + "]"
     return None
@@ -129,17 +131,19 @@ def _signature(fn: Callable, static_argnames) -> tuple[list[_Param], int | None]
 
 
 def _schema(params: list[_Param], returns: int | None) -> str:
+    literals = [None if p.default is inspect.Parameter.empty else _default_literal(p.default) for p in params]
+    # A positional parameter without a schema default ends the defaults before it (the wrapper still fills them).
+    for i, p in enumerate(params):
+        if not p.kw_only and literals[i] is None:
+            for j in range(i):
+                if not params[j].kw_only:
+                    literals[j] = None
     parts, star = [], False
-    for p in params:
+    for p, literal in zip(params, literals):
         if p.kw_only and not star:
             parts.append("*")
             star = True
-        text = f"{p.type} {p.name}"
-        if p.default is not inspect.Parameter.empty:
-            literal = _default_literal(p.default)
-            if literal is not None:
-                text += f"={literal}"
-        parts.append(text)
+        parts.append(f"{p.type} {p.name}" + (f"={literal}" if literal is not None else ""))
     out = "Tensor" if returns == 1 else "Tensor[]" if returns is None else "(" + ", ".join(["Tensor"] * returns) + ")"
     return f"({', '.join(parts)}) -> {out}"
 
