@@ -22,6 +22,24 @@ def have_tokamax() -> bool:
     return importlib.util.find_spec("tokamax") is not None
 
 
+def tokamax():
+    """The tokamax module, with absl's flags marked parsed.
+
+    NOTE(tokamax 0.0.12): its options are absl flags, read by parsing the whole `sys.argv` on first
+    use, which fails in any program with arguments of its own (pytest's, a training script's); we
+    parse only the program name, so tokamax's options keep their defaults.
+    """
+    import sys
+
+    from absl import flags
+
+    if not flags.FLAGS.is_parsed():
+        flags.FLAGS(sys.argv[:1], known_only=True)
+    import tokamax as module
+
+    return module
+
+
 def _precision(level: str):
     return {"highest": jax.lax.Precision.HIGHEST, "high": jax.lax.Precision.HIGH}.get(level,
                                                                                     jax.lax.Precision.DEFAULT)
@@ -34,10 +52,8 @@ def attention(q, k, v, *, causal=False, scale=None, window=None, soft_cap=None, 
         raise ValueError(f"flash_attention: implementation must be one of {_IMPLEMENTATIONS}, got {implementation!r}")
     if implementation == "reference" or not have_tokamax():
         return reference.attention(q, k, v, causal=causal, scale=scale, window=window, soft_cap=soft_cap)
-    import tokamax
-
     swap = lambda t: jax.numpy.swapaxes(t, -3, -2)  # noqa: E731  (Tokamax takes (batch, seq, heads, dim))
-    out = tokamax.dot_product_attention(
+    out = tokamax().dot_product_attention(
         swap(q), swap(k), swap(v), is_causal=causal, scale=scale,
         local_window_size=tuple(window) if window is not None else None, logits_soft_cap=soft_cap,
         precision=_precision(precision), implementation=None if implementation == "auto" else implementation)

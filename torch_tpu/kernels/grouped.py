@@ -11,7 +11,7 @@ import jax.numpy as jnp
 
 from torch_tpu import precision as precision_policy
 from torch_tpu.kernels import reference
-from torch_tpu.kernels.attention import have_tokamax
+from torch_tpu.kernels.attention import have_tokamax, tokamax
 from torch_tpu.pallas import jax_op
 
 
@@ -23,9 +23,7 @@ def ragged_dot(x, w, group_sizes, *, implementation="auto"):
     if implementation == "xla" or not have_tokamax():
         out = precision_policy._product(jax.lax.ragged_dot, x, w, group_sizes, accumulator=True)
         return out.astype(x.dtype)
-    import tokamax
-
-    out = tokamax.ragged_dot(x, w, group_sizes, preferred_element_type=jnp.float32,
+    out = tokamax().ragged_dot(x, w, group_sizes, preferred_element_type=jnp.float32,
                              implementation=None if implementation == "auto" else implementation)
     return out.astype(x.dtype)
 
