@@ -81,10 +81,11 @@ def test_interpret_mode_is_counted_and_noticed(caplog):
     before = metrics.counts.pallas_interpret
     interpret._noticed = False
     with caplog.at_level(logging.WARNING, logger="torch_tpu.pallas"):
-        a = torch.randn(5, device="tpu")
+        a = torch.randn(5).to(TPU)
         add_vectors(a, a)
         add_vectors(a, a)  # the same shape: not counted again
-        add_vectors(torch.randn(6, device="tpu"), torch.randn(6, device="tpu"))
+        b = torch.randn(6).to(TPU)
+        add_vectors(b, b)
     assert metrics.counts.pallas_interpret - before == 2
     assert sum("interpret mode" in r.getMessage() for r in caplog.records) == 1
     assert "pallas_interpret" in metrics.counters() and "interpreted" in metrics.report()
