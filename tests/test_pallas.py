@@ -372,3 +372,23 @@ def test_docs_examples_run():
     namespace = {}
     for block in blocks:
         exec(compile(block, "docs/kernels.md", "exec"), namespace)
+
+
+@pytest.mark.heavy
+def test_inductor_pallas_codegen_reaches_tpu_torch_pallas():
+    """torch.compile's default backend on tpu tensors: Inductor's Pallas code registers, looks up and calls its
+    kernel through tpu_torch_pallas; on XLA:CPU its Mosaic TPU kernel gets a clear error (it runs on a TPU)."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+
+    @torch.compile
+    def f(x, y):
+        return (x * 2 + y).relu()
+
+    x = torch.randn(8, 128).to(TPU)
+    before = set(tpu_torch_pallas._modules)
+    with pytest.raises(Exception, match="compiled Mosaic TPU kernel"):
+        f(x, x)
+    assert len(set(tpu_torch_pallas._modules) - before) == 1  # register_custom_kernel was called
+    torch._dynamo.reset()

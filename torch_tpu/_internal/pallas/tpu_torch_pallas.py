@@ -75,6 +75,7 @@ def call_custom_kernel(name: str, key: str, inputs=(), output_shapes=(), donate_
     if module is None:
         raise KeyError(f"call_custom_kernel: no kernel registered as ({name!r}, {key!r}); "
                        "call register_custom_kernel first")
+    _check_platform(name, module)
     inputs = list(inputs)
     for i, t in enumerate(inputs):
         if not isinstance(t, torch.Tensor):
@@ -90,6 +91,18 @@ def call_custom_kernel(name: str, key: str, inputs=(), output_shapes=(), donate_
             if made is None:
                 made = _ops[layout] = _operator(name, module, layout)
     return list(made.op(inputs))
+
+
+def _check_platform(name: str, module: bytes) -> None:
+    """Mosaic kernels (TPU custom calls) run on a TPU only: say so instead of XLA's missing-handler error."""
+    from torch_tpu.runtime import platform
+
+    current = platform.get().platform
+    if current != "tpu" and b"tpu_custom_call" in module:
+        raise RuntimeError(
+            f"call_custom_kernel({name!r}): the kernel is a compiled Mosaic TPU kernel (Inductor's Pallas code for "
+            f"device 'tpu'), which runs only on a TPU; the 'tpu' device runs on the {current!r} platform here. "
+            "Use torch.compile(backend='tpu') on this platform.")
 
 
 def _operator(name: str, module: bytes, layout) -> _op.JaxOp:
