@@ -392,3 +392,40 @@ def test_inductor_pallas_codegen_reaches_tpu_torch_pallas():
         f(x, x)
     assert len(set(tpu_torch_pallas._modules) - before) == 1  # register_custom_kernel was called
     torch._dynamo.reset()
+
+
+def test_env_vars_pallas_interpret_and_kernels(monkeypatch):
+    """TORCH_TPU_PALLAS_INTERPRET and TORCH_TPU_KERNELS are read and validated."""
+    from torch_tpu.config import reload
+    from torch_tpu.kernels import routing
+    from torch_tpu.pallas import interpret
+
+    def kernel(x_ref, o_ref):
+        o_ref[...] = x_ref[...] * 3
+
+    @jax_op("tpu_test_pallas::never_interpreted")
+    def triple(x: jax.Array) -> jax.Array:
+        return pl.pallas_call(kernel, jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
+
+    try:
+        monkeypatch.setenv("TORCH_TPU_PALLAS_INTERPRET", "0")
+        reload()
+        assert interpret.mode() is None
+        with pytest.raises(Exception, match="interpret mode"):  # Pallas's own error: XLA:CPU cannot compile it
+            triple(torch.ones(4).to(TPU))
+        monkeypatch.setenv("TORCH_TPU_PALLAS_INTERPRET", "tpu")
+        reload()
+        assert interpret.mode() == "tpu"
+        # A new shape: the mode is read when a program is traced (it is fixed per process outside tests).
+        torch.testing.assert_close(triple(torch.ones(5).to(TPU)).cpu(), torch.full((5,), 3.0))
+        monkeypatch.setenv("TORCH_TPU_KERNELS", "always")
+        reload()
+        assert routing.policy() == "always" and routing.use_kernels()
+        monkeypatch.setenv("TORCH_TPU_KERNELS", "sometimes")
+        with pytest.raises(ValueError, match="TORCH_TPU_KERNELS"):
+            reload()
+    finally:
+        monkeypatch.delenv("TORCH_TPU_PALLAS_INTERPRET", raising=False)
+        monkeypatch.delenv("TORCH_TPU_KERNELS", raising=False)
+        reload()
+    assert interpret.mode() == "hlo" and not routing.use_kernels()
