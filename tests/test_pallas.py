@@ -392,6 +392,10 @@ def test_inductor_pallas_codegen_reaches_tpu_torch_pallas():
         f(x, x)
     assert len(set(tpu_torch_pallas._modules) - before) == 1  # register_custom_kernel was called
     torch._dynamo.reset()
+    # Inductor's code turned jax_enable_x64 off for the process; tpu_torch_pallas turned it back on.
+    assert jax.config.jax_enable_x64
+    big = torch.tensor([2**40, 3], dtype=torch.int64)
+    assert (big.to(TPU) * 2).cpu().tolist() == [2**41, 6]
 
 
 def test_env_vars_pallas_interpret_and_kernels(monkeypatch):
@@ -412,7 +416,7 @@ def test_env_vars_pallas_interpret_and_kernels(monkeypatch):
         reload()
         assert interpret.mode() is None
         with pytest.raises(Exception, match="interpret mode"):  # Pallas's own error: XLA:CPU cannot compile it
-            triple(torch.ones(4).to(TPU))
+            triple(torch.ones(4).to(TPU)).cpu()  # .cpu(): under DeferAndFuse the program runs (and fails) here
         monkeypatch.setenv("TORCH_TPU_PALLAS_INTERPRET", "tpu")
         reload()
         assert interpret.mode() == "tpu"

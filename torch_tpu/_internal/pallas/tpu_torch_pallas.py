@@ -35,8 +35,19 @@ _modules: dict[tuple[str, str], bytes] = {}
 _ops: dict[tuple, _op.JaxOp] = {}
 
 
+def _restore_x64() -> None:
+    """NOTE(torch 2.13): Inductor's generated code for device "tpu" sets `jax_enable_x64` to False for the
+    whole process before exporting its kernel (TPUs run int32); torch_tpu's programs need 64-bit types
+    (int64 indices, float64 tensors), so it is turned back on before any of our programs runs."""
+    import jax
+
+    if not jax.config.jax_enable_x64:
+        jax.config.update("jax_enable_x64", True)
+
+
 def register_custom_kernel(name: str, key: str, serialized_mlir_module: bytes | None = None, *args) -> None:
     """Register a serialized StableHLO module (`jax.export.Exported.mlir_module_serialized`) as (name, key)."""
+    _restore_x64()
     if serialized_mlir_module is None and args:
         serialized_mlir_module = args[0]
     if not isinstance(serialized_mlir_module, (bytes, bytearray)):
@@ -71,6 +82,7 @@ def call_custom_kernel(name: str, key: str, inputs=(), output_shapes=(), donate_
 
     `output_shapes` are tensors (or (shape, dtype) pairs) whose shapes and dtypes the results take.
     """
+    _restore_x64()
     module = _modules.get((name, key))
     if module is None:
         raise KeyError(f"call_custom_kernel: no kernel registered as ({name!r}, {key!r}); "
