@@ -433,3 +433,18 @@ def test_env_vars_pallas_interpret_and_kernels(monkeypatch):
         monkeypatch.delenv("TORCH_TPU_KERNELS", raising=False)
         reload()
     assert interpret.mode() == "hlo" and not routing.use_kernels()
+
+
+def test_symbolic_sizes_are_refused():
+    """Dynamic shapes (SymInt sizes) get a clear error: a kernel's shapes are static."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+
+    @torch.compile(backend=lambda gm, inputs: gm.forward, dynamic=True, fullgraph=True)
+    def f(x):
+        return add_vectors(x, x)
+
+    with pytest.raises(Exception, match="needs static shapes"):
+        f(torch.ones(7).to(TPU))
+    torch._dynamo.reset()

@@ -157,11 +157,7 @@ def _jax_dtype(dtype: torch.dtype):
 def _concrete(name: str, sizes) -> tuple[int, ...]:
     out = []
     for s in sizes:
-        if not isinstance(s, int):
-            try:
-                s = int(s)  # a SymInt with a hint is still symbolic: refuse it
-            except Exception:
-                pass
+        if not isinstance(s, int):  # a SymInt (dynamic shapes): a kernel's shapes are static
             raise RuntimeError(f"{name}: jax_op needs static shapes, got a symbolic size {s}; "
                                "compile with dynamic=False or mark the dimension static")
         out.append(s)
@@ -325,7 +321,7 @@ class JaxOp:
             tree, avals = forward.abstract_from_arrays(primal)
             cts = jax.tree_util.tree_unflatten(tree, [c.astype(a.dtype) for c, a in zip(cts, avals)])
             if backward is not None:
-                grads = backward(*forward._user_args(primal), cts)
+                grads = backward(*primal, cts)
                 grads = grads if isinstance(grads, (tuple, list)) else (grads,)
                 n_arrays = len(differentiable)
                 if len(grads) != n_arrays:
@@ -422,9 +418,6 @@ class JaxOp:
 
         out = jax.eval_shape(run, *(specs[i] for i in arrays))
         return jax.tree_util.tree_structure(out), self._flat(out)
-
-    def _user_args(self, args):
-        return [a for a in args]
 
     # ------------------------------------------------------------------ calling
     def __call__(self, *args, **kwargs):
