@@ -34,6 +34,13 @@ def _register_backend() -> None:
     kernels.register_fallback()
     platform.on_init(kernels.register_all)
     platform.on_init(device_module._apply_pending_seed)
+    platform.on_init(_route_kernels)
+
+
+def _route_kernels() -> None:
+    from torch_tpu.kernels import routing  # SDPA -> bundled kernels where they compile natively (docs/kernels.md)
+
+    routing.install()
 
 
 if torch._C._get_privateuse1_backend_name() != "tpu":

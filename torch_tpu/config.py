@@ -105,6 +105,13 @@ class Config:
 
     # tpu_dist: the host rank 0's JAX coordinator listens on (default: MASTER_ADDR, else 127.0.0.1).
     coordinator_host: str | None = field(default_factory=lambda: _path("TORCH_TPU_COORDINATOR_HOST"))
+    # Pallas kernels (docs/kernels.md): "auto" interprets them where the platform cannot compile Pallas
+    # (XLA:CPU), "1" always, "0" never, "tpu" always with Pallas's TPU interpreter.
+    pallas_interpret: str = field(default_factory=lambda: _choice(
+        "TORCH_TPU_PALLAS_INTERPRET", ("auto", "1", "0", "true", "false", "yes", "no", "on", "off", "tpu"), "auto"))
+    # Bundled kernels (torch_tpu.kernels) behind SDPA and torch._grouped_mm: "auto" where Pallas compiles
+    # natively, "always" (also interpreted: slow, for testing), "never" (always the XLA lowerings).
+    kernels: str = field(default_factory=lambda: _choice("TORCH_TPU_KERNELS", ("auto", "always", "never"), "auto"))
 
     def __post_init__(self):
         if self.launch_blocking and self.defer_and_fuse:

@@ -397,3 +397,6 @@ def get_amp_supported_dtype() -> list:
 def is_bf16_supported(including_emulation: bool = True) -> bool:
     """bfloat16 is native on every tpu device (like torch.cuda.is_bf16_supported)."""
     return True
+
+
+from torch_tpu import pallas  # noqa: E402  (torch.tpu.pallas: jax_op, get_pallas_mesh; imports no JAX)

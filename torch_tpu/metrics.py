@@ -24,6 +24,8 @@ class _Counters:
         "ops_deferred", "flushes", "fused_executions", "fused_cache_hits", "fused_cache_misses",
         # DeferAndFuse: buffers fused programs returned (live values only), inputs donated to them.
         "fused_outputs", "fused_donations",
+        # Pallas kernels traced in interpret mode (platforms with no Pallas compiler, docs/kernels.md).
+        "pallas_interpret",
     )
 
     def __init__(self):
@@ -123,6 +125,7 @@ def report() -> str:
                                f"new {c.fused_cache_misses}; {c.fused_outputs} outputs, "
                                f"{c.fused_donations} donated inputs)"),
         ("decompositions", f"{c.decompositions}"),
+        ("Pallas kernels interpreted", f"{c.pallas_interpret}"),
         ("CPU fallbacks", f"{sum(fallbacks.values())}"),
     ]
     for section, provider in _sections.items():

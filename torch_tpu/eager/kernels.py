@@ -86,6 +86,22 @@ def register_all() -> None:
         _registered = True
 
 
+def register_lowered(op) -> None:
+    """The tpu kernel of a lowering added after `register_all` ran (`torch_tpu.pallas.jax_op` ops).
+
+    Before that, `register_all` registers it with the others.
+    """
+    from torch_tpu.ops import registry
+
+    with _lock:
+        if not _registered or op in _kernels:
+            return
+        kernel = _lowered_kernel(op, registry.get(op), via_functional=False)
+        _kernels[op] = kernel
+        namespace, name = op._schema.name.split("::")
+        _native.register_boxed(kernel, namespace, name + (f".{op._overloadname}" if op._overloadname != "default" else ""))
+
+
 def _lowered_kernel(op, lowering, via_functional: bool):
     from torch_tpu.eager import executor
 
