@@ -5,7 +5,7 @@ session of our Kineto activity profiler (csrc/profiler.cpp, registered through P
 profiler registry). While it runs, `active` is true and the executors report here:
 
 - each executed program (Strict: the ATen op's name, e.g. ``aten::addmm``; DeferAndFuse: a fused
-  segment, ``fused[N ops] first..last``), as a kernel row on the device, lasting from its launch until
+  segment, ``fused[N ops] aten::first..aten::last``), as a kernel row on the device, lasting from its launch until
   its results are ready: programs run one at a time while a device trace runs (like
   CUDA_LAUNCH_BLOCKING), so a row's length is that program's own time;
 - host<->device and device<->device copies (``Memcpy HtoD`` / ``DtoH`` / ``DtoD``), as memcpy rows;
@@ -23,6 +23,7 @@ TensorBoard's profile plugin / Perfetto) and writes the PyTorch trace to ``dir/t
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import time
 
@@ -56,6 +57,13 @@ def install() -> None:
     _native.set_profiler_session_callback(_on_session)
 
 
+@functools.lru_cache(maxsize=None)
+def op_name(name: str) -> str:
+    """"aten.addmm.default" -> "aten::addmm", "aten.add.Tensor" -> "aten::add.Tensor" (the profiler's op names)."""
+    namespace, _, rest = name.partition(".")
+    return f"{namespace}::{rest[:-len('.default')] if rest.endswith('.default') else rest}"
+
+
 def run_program(name: str, device: int, executable, *args):
     """Launch `executable(*args)` and report it as a program row lasting until its results are ready."""
     import jax
@@ -63,13 +71,13 @@ def run_program(name: str, device: int, executable, *args):
     start = _clock()
     out = executable(*args)
     jax.block_until_ready(out)
-    _native.profiler_record(name, start, _clock(), device, 0)
+    _native.profiler_record(op_name(name), start, _clock(), device, 0)
     return out
 
 
 def segment_name(nodes, indices) -> str:
     """A fused segment's row name: its op count and first and last ops."""
-    first, last = nodes[indices[0]].prog.spec.name, nodes[indices[-1]].prog.spec.name
+    first, last = op_name(nodes[indices[0]].prog.spec.name), op_name(nodes[indices[-1]].prog.spec.name)
     return f"fused[{len(indices)} ops] {first}..{last}"
 
 
@@ -89,7 +97,8 @@ def compiling(name: str, device: int):
         yield
     finally:
         kind = "XLA compile" if metrics.counts.programs_compiled > compiled else "compile cache hit"
-        _native.profiler_record(f"{kind}: {name}", start, _clock(), device, 2)
+        _native.profiler_record(f"{kind}: {op_name(name) if name.startswith('aten.') else name}", start, _clock(),
+                                device, 2)
 
 
 @contextlib.contextmanager

@@ -100,11 +100,9 @@ class TpuProfiler final : public libkineto::IActivityProfiler {
   const std::set<libkineto::ActivityType>& availableActivities() const override { return activities_; }
   std::unique_ptr<libkineto::IActivityProfilerSession> configure(const std::set<libkineto::ActivityType>& types,
                                                                  const libkineto::Config&) override {
-    // Only when device activity was asked for (ProfilerActivity.PrivateUse1): CPU-only traces
-    // keep the executor's fast path.
-    for (auto t : {libkineto::ActivityType::PRIVATEUSE1_RUNTIME, libkineto::ActivityType::CONCURRENT_KERNEL}) {
-      if (types.count(t)) return std::make_unique<TpuSession>();
-    }
+    // Only when device activity was asked for (ProfilerActivity.PrivateUse1 adds kernels; CPU-only
+    // traces ask for PRIVATEUSE1_RUNTIME too): CPU-only traces keep the executor's fast path.
+    if (types.count(libkineto::ActivityType::CONCURRENT_KERNEL)) return std::make_unique<TpuSession>();
     return nullptr;
   }
   std::unique_ptr<libkineto::IActivityProfilerSession> configure(int64_t, int64_t,
