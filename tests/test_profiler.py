@@ -34,8 +34,8 @@ def _events(path):
 
 
 def test_chrome_trace_has_programs_with_device_time_and_compiles(tmp_path):
-    fast_before = _native.fast_path_enabled()
     expected = _mlp_step(24)  # untraced reference value
+    fast_before = _native.fast_path_enabled()  # after the runtime started (a mode sets it then)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]) as prof:
         assert torch_tpu.profiler.is_active()
         # A width nothing else uses: its programs compile inside the trace.
@@ -69,6 +69,7 @@ def test_chrome_trace_has_programs_with_device_time_and_compiles(tmp_path):
 
 
 def test_cpu_only_profile_keeps_fast_path():
+    torch.ones(1, device="tpu")
     fast_before = _native.fast_path_enabled()
     with profile(activities=[ProfilerActivity.CPU]):
         assert not torch_tpu.profiler.is_active()
