@@ -57,6 +57,7 @@ def _reference_losses():
     return losses
 
 
+@pytest.mark.heavy  # a fresh process (~35 s); the same in both modes
 def test_accelerator_trains_mlp_on_tpu():
     env = dict(os.environ, ACCELERATE_TORCH_DEVICE="tpu", PYTHONPATH=ROOT, TORCH_TPU_NUM_CPU_DEVICES="1")
     out = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=300, env=env,

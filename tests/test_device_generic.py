@@ -55,6 +55,15 @@ def test_accelerator_device_index():
         torch.accelerator.set_device_index(torch.tpu.device_count())
 
 
+def test_accelerator_device_capability():
+    dtypes = torch.accelerator.get_device_capability("tpu:0")["supported_dtypes"]
+    assert {torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.bool} <= set(dtypes)
+    for dtype in dtypes:  # every dtype it names holds values on tpu
+        ref = torch.tensor([0, 1]).to(dtype)
+        back = ref.to("tpu").cpu()
+        assert back.dtype == dtype and torch.equal(back.view(torch.uint8), ref.view(torch.uint8)), dtype
+
+
 def test_accelerator_synchronize_waits_for_work():
     a = torch.randn(128, 128) / 16
     x = _work(a.to("tpu"))

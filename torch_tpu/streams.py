@@ -113,6 +113,21 @@ def _host_available() -> int | None:
         return None
 
 
+def supported_dtypes(index: int) -> list:
+    """The dtypes tpu tensors of this platform can hold (torch.accelerator.get_device_capability)."""
+    from torch_tpu.runtime import dtypes, platform
+
+    name = platform.get().platform
+    out = []
+    for dtype in {v for v in vars(torch).values() if isinstance(v, torch.dtype)}:
+        try:
+            dtypes.check_supported(dtype, name)
+        except (TypeError, KeyError, ValueError):
+            continue
+        out.append(dtype)
+    return out
+
+
 # ------------------------------------------------------------------ events (called by the native guard)
 class _Mark:
     __slots__ = ("arrays", "timing", "stamp_ns", "stamped")

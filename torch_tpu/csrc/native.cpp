@@ -126,6 +126,19 @@ struct TpuGuard final : c10::impl::DeviceGuardImplInterface {
     return old;
   }
   DeviceIndex deviceCount() const noexcept override { return device_count(); }
+  // torch.accelerator.get_device_capability: the dtypes the platform holds (streams.supported_dtypes).
+  c10::DeviceCapability getDeviceCapability(Device d) const override {
+    auto types = call_runtime<std::vector<at::ScalarType>>("supported_dtypes", index_of(d));
+    c10::DeviceCapability cap;
+    cap.capability_data.capability_bits = 0;
+    for (auto st : types) {
+#define TPU_CAPABILITY(_, name) \
+  if (st == at::ScalarType::name) cap.capability_data.capability_bits |= 1ULL << c10::kIndex_##name;
+      AT_FORALL_SCALAR_TYPES_WITH_COMPLEX_AND_QINTS(TPU_CAPABILITY)
+#undef TPU_CAPABILITY
+    }
+    return cap;
+  }
   // A stream is done when its device is: all streams share the device's order.
   bool queryStream(const Stream& s) const override { return call_runtime<bool>("query_device", s.device_index()); }
   void synchronizeStream(const Stream& s) const override { call_runtime("synchronize", s.device_index()); }
