@@ -25,7 +25,13 @@ struct Record {
   std::string name;
   int64_t start_ns, end_ns;
   int device, kind;  // kind: 0 program, 1 copy, 2 compile or compile-cache hit
+  uint64_t correlation;  // the host op running when it was recorded (0: none)
 };
+
+// Kineto pushes the correlation id of each profiled host op on the thread that runs it; a record
+// made inside that op (on the same thread) links to it: device time per op in key_averages, and
+// flow arrows in the trace.
+thread_local std::vector<uint64_t> t_correlation;
 
 std::mutex g_mutex;
 std::vector<Record> g_records;
@@ -57,6 +63,15 @@ class TpuSession final : public libkineto::IActivityProfilerSession {
     status_ = libkineto::TraceStatus::PROCESSING;
   }
   std::vector<std::string> errors() override { return {}; }
+  void pushCorrelationId(uint64_t id) override { t_correlation.push_back(id); }
+  void popCorrelationId() override {
+    if (!t_correlation.empty()) t_correlation.pop_back();
+  }
+  void processTrace(libkineto::ActivityLogger& logger, libkineto::getLinkedActivityCallback linked, int64_t,
+                    int64_t) override {
+    linked_ = std::move(linked);
+    processTrace(logger);
+  }
   void processTrace(libkineto::ActivityLogger& logger) override {
     std::vector<Record> records;
     {
@@ -81,7 +96,13 @@ class TpuSession final : public libkineto::IActivityProfilerSession {
       act.endTime = r.end_ns;
       act.device = r.device;
       act.resource = 0;  // the device's one in-order queue
-      act.id = ++id;
+      act.id = r.correlation ? static_cast<int32_t>(r.correlation) : ++id;
+      if (r.correlation && linked_) {
+        act.linked = linked_(static_cast<int32_t>(r.correlation));
+        act.flow.id = static_cast<uint32_t>(r.correlation);
+        act.flow.type = libkineto::kLinkAsyncCpuGpu;
+        act.flow.start = 0;
+      }
       act.addMetadataQuoted("device", "tpu:" + std::to_string(r.device));
       logger.handleActivity(act);
     }
@@ -92,6 +113,7 @@ class TpuSession final : public libkineto::IActivityProfilerSession {
 
  private:
   std::unique_ptr<libkineto::CpuTraceBuffer> buffer_;
+  libkineto::getLinkedActivityCallback linked_;
 };
 
 class TpuProfiler final : public libkineto::IActivityProfiler {
@@ -137,6 +159,7 @@ void init_profiler(py::module& m) {
   });
   m.def("profiler_record", [](std::string name, int64_t start_ns, int64_t end_ns, int device, int kind) {
     std::lock_guard<std::mutex> lock(g_mutex);
-    g_records.push_back({std::move(name), start_ns, end_ns, device, kind});
+    g_records.push_back({std::move(name), start_ns, end_ns, device, kind,
+                         t_correlation.empty() ? 0 : t_correlation.back()});
   });
 }
