@@ -123,6 +123,14 @@ def test_memory_api_per_device_and_oom_count():
     assert torch.accelerator.memory_allocated(1) == before
 
 
+def test_empty_host_cache_keeps_pinned_memory():
+    pinned = torch.arange(8.0).pin_memory()
+    assert pinned.is_pinned()
+    torch.accelerator.empty_host_cache()  # nothing is cached: live pinned tensors are untouched
+    assert pinned.is_pinned() and torch.equal(pinned, torch.arange(8.0))
+    assert_close_tree(pinned.to("tpu", non_blocking=True), torch.arange(8.0))
+
+
 # ------------------------------------------------------------------ streams and events
 def test_streams_are_distinct_and_current_per_block():
     default = torch.accelerator.current_stream()

@@ -89,3 +89,11 @@ def test_trace_dir_captures_torch_and_xla_traces(tmp_path):
     names = {e["name"] for e in _events(os.path.join(log_dir, "torch_trace.json")) if e.get("cat") == "kernel"}
     assert names
     assert glob.glob(os.path.join(log_dir, "plugins", "profile", "*", "*.xplane.pb"))
+
+
+def test_tensorboard_trace_handler_writes_device_rows(tmp_path):
+    handler = torch.profiler.tensorboard_trace_handler(str(tmp_path))
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1], on_trace_ready=handler):
+        assert (torch.ones(8, device="tpu") * 2).sum().item() == 16.0
+    (path,) = glob.glob(str(tmp_path / "*.pt.trace.json"))
+    assert [e for e in _events(path) if e.get("cat") == "kernel" and e["dur"] > 0]

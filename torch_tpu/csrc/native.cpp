@@ -12,6 +12,7 @@
 #include <torch/extension.h>
 
 #include <ATen/EmptyTensor.h>
+#include <ATen/core/CachingHostAllocator.h>
 #include <ATen/SDPBackend.h>
 #include <ATen/native/transformers/attention.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
@@ -348,23 +349,34 @@ std::vector<at::Generator> g_default_generators;
 // device's hooks for a pinned host allocator. XLA copies host buffers itself (page-locking buys
 // nothing through PJRT's host transfers), so pinned tensors are ordinary CPU allocations that
 // remember they were pinned, for `is_pinned()`.
+// It is also PyTorch's host allocator for tpu (torch.accelerator.empty_host_cache, host memory stats).
 std::mutex g_pinned_mutex;
-std::unordered_set<const void*> g_pinned;
+std::unordered_map<const void*, size_t> g_pinned;  // pointer -> bytes
+at::HostStats g_pinned_stats;                      // under g_pinned_mutex
 
 void delete_pinned(void* ptr) {
   {
     std::lock_guard<std::mutex> lock(g_pinned_mutex);
-    g_pinned.erase(ptr);
+    auto it = g_pinned.find(ptr);
+    if (it != g_pinned.end()) {
+      for (auto* stat : {&g_pinned_stats.active_bytes, &g_pinned_stats.allocated_bytes}) stat->decrease(it->second);
+      for (auto* stat : {&g_pinned_stats.active_requests, &g_pinned_stats.allocations}) stat->decrease(1);
+      g_pinned_stats.num_host_free += 1;
+      g_pinned.erase(it);
+    }
   }
   c10::free_cpu(ptr);
 }
 
-struct PinnedAllocator final : c10::Allocator {
+struct PinnedAllocator final : at::HostAllocator {
   c10::DataPtr allocate(size_t nbytes) override {
     void* ptr = nbytes ? c10::alloc_cpu(nbytes) : nullptr;
     if (ptr) {
       std::lock_guard<std::mutex> lock(g_pinned_mutex);
-      g_pinned.insert(ptr);
+      g_pinned.emplace(ptr, nbytes);
+      for (auto* stat : {&g_pinned_stats.active_bytes, &g_pinned_stats.allocated_bytes}) stat->increase(nbytes);
+      for (auto* stat : {&g_pinned_stats.active_requests, &g_pinned_stats.allocations}) stat->increase(1);
+      g_pinned_stats.num_host_alloc += 1;
     }
     return {ptr, ptr, &delete_pinned, Device(c10::DeviceType::CPU)};
   }
@@ -372,8 +384,32 @@ struct PinnedAllocator final : c10::Allocator {
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     default_copy_data(dest, src, count);
   }
+  // Nothing is cached (a freed block goes straight back to the system) and nothing needs a
+  // stream's work to finish before reuse (XLA copied the bytes when the transfer was issued).
+  bool record_event(void*, void*, c10::Stream) override { return true; }
+  void empty_cache() override {}
+  at::HostStats get_stats() override {
+    std::lock_guard<std::mutex> lock(g_pinned_mutex);
+    return g_pinned_stats;
+  }
+  void reset_accumulated_stats() override {
+    std::lock_guard<std::mutex> lock(g_pinned_mutex);
+    for (auto* stat : {&g_pinned_stats.active_requests, &g_pinned_stats.active_bytes, &g_pinned_stats.allocations,
+                       &g_pinned_stats.allocated_bytes}) {
+      stat->reset_accumulated();
+    }
+    g_pinned_stats.num_host_alloc = g_pinned_stats.num_host_free = 0;
+  }
+  void reset_peak_stats() override {
+    std::lock_guard<std::mutex> lock(g_pinned_mutex);
+    for (auto* stat : {&g_pinned_stats.active_requests, &g_pinned_stats.active_bytes, &g_pinned_stats.allocations,
+                       &g_pinned_stats.allocated_bytes}) {
+      stat->reset_peak();
+    }
+  }
 };
 PinnedAllocator g_pinned_allocator;
+REGISTER_HOST_ALLOCATOR(kTpu, &g_pinned_allocator);
 
 struct TpuHooks final : at::PrivateUse1HooksInterface {
   bool isBuilt() const override { return true; }
