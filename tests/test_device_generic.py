@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from conftest import assert_close_tree, to_cpu
+import torch_tpu
 from torch_tpu import metrics
 
 MiB = 1 << 20
@@ -199,6 +200,20 @@ def test_events_time_device_work():
     assert untimed.query()
     with pytest.raises(ValueError, match="enable_timing"):  # PyTorch's own check
         untimed.elapsed_time(end)
+
+
+def test_untimed_event_record_keeps_deferred_graph():
+    """Stream syncs (untimed events) do not cut DeferAndFuse's graph; synchronizing one runs it."""
+    with torch_tpu.defer_and_fuse():
+        x = torch.ones(4, device="tpu") * 3
+        flushes = metrics.counts.flushes
+        event = torch.Event(device="tpu")
+        event.record()
+        torch.tpu.current_stream().wait_event(event)
+        assert metrics.counts.flushes == flushes
+        event.synchronize()
+        assert metrics.counts.flushes == flushes + 1 and event.query()
+    assert x.sum().item() == 12.0
 
 
 def test_torch_tpu_event_and_stream_are_torch_types():

@@ -8,13 +8,15 @@ joins the same per-device order: the order of launches is kept, and a second str
 concurrency. So `wait_stream`/`wait_event` need no device work, and a stream has finished when its
 device has.
 
-An event marks the device buffers that exist when it is recorded (every storage's latest value on
-that device: the results of all work launched so far). `query()` is true when they are all ready,
-`synchronize()` waits for them. With `enable_timing=True` the event is stamped (host monotonic clock)
-when they are ready: at once if they already are, else by one watcher thread that waits for them, so
-`elapsed_time` measures from the completion of the work before the first event to the completion of
-the work before the second, without blocking `record()`. Recording is a materialization point in
-DeferAndFuse (the recorded ops are launched, so there is work to mark).
+A timing event (`enable_timing=True`) marks the device buffers that exist when it is recorded (every
+storage's latest value on that device: the results of all work launched so far) and is stamped (host
+monotonic clock) when they are ready: at once if they already are, else by one watcher thread that
+waits for them, so `elapsed_time` measures from the completion of the work before the first event to
+the completion of the work before the second, without blocking `record()`. Recording one is a
+materialization point in DeferAndFuse (the recorded ops are launched, so there is work to mark).
+An event without timing records in O(1) and flushes nothing (stream syncs must not cut fused
+graphs); its `query()`/`synchronize()` cover all work launched on the device up to that call: never
+done too early, at most later than the recorded point alone would be.
 
 The native guard (csrc/native.cpp) calls the functions below, under the GIL, for
 `torch.accelerator.synchronize`, `torch.Stream.query/synchronize`, `torch.Event.*`,
@@ -130,10 +132,11 @@ def supported_dtypes(index: int) -> list:
 
 # ------------------------------------------------------------------ events (called by the native guard)
 class _Mark:
-    __slots__ = ("arrays", "timing", "stamp_ns", "stamped")
+    __slots__ = ("arrays", "device", "timing", "stamp_ns", "stamped")
 
-    def __init__(self, arrays, timing):
-        self.arrays = arrays
+    def __init__(self, arrays, device, timing):
+        self.arrays = arrays  # None: marked lazily (an event without timing)
+        self.device = device
         self.timing = timing
         self.stamp_ns = None
         self.stamped = threading.Event() if timing else None
@@ -143,6 +146,7 @@ _marks: dict[int, _Mark] = {}
 _watch_queue: "queue.SimpleQueue[_Mark]" = queue.SimpleQueue()
 _watcher: threading.Thread | None = None
 _watcher_lock = threading.Lock()
+_stamp_lock = threading.Lock()
 
 
 def _watch() -> None:
@@ -153,17 +157,25 @@ def _watch() -> None:
 
 
 def _stamp(mark: _Mark) -> None:
-    mark.stamp_ns = time.perf_counter_ns()
-    mark.arrays = ()  # done: hold no device memory
-    mark.stamped.set()
+    """Stamp once: by the recording thread, the watcher, or a query that finds the work done first."""
+    with _stamp_lock:
+        if mark.stamped.is_set():
+            return
+        mark.stamp_ns = time.perf_counter_ns()
+        mark.arrays = ()  # done: hold no device memory
+        mark.stamped.set()
 
 
 def event_record(event_id: int, index: int, timing: bool) -> None:
     global _watcher
-    mark = _Mark(_device_arrays(index, "event"), timing)
-    _marks[event_id] = mark
     if not timing:
+        # Recorded in O(1), with no flush of DeferAndFuse's graph (events sync streams every layer in
+        # FSDP-style code): query/synchronize then cover all work launched on the device up to that
+        # call. Never done too early; at most later than the recorded point alone would be.
+        _marks[event_id] = _Mark(None, index, False)
         return
+    mark = _Mark(_device_arrays(index, "event"), index, True)
+    _marks[event_id] = mark
     if _ready(mark.arrays):
         _stamp(mark)
         return
@@ -179,8 +191,10 @@ def event_query(event_id: int) -> bool:
     if mark is None:
         return True
     if mark.timing:
+        if not mark.stamped.is_set() and _ready(mark.arrays):
+            _stamp(mark)
         return mark.stamped.is_set()
-    if _ready(mark.arrays):
+    if mark.arrays == () or query_device(mark.device):
         mark.arrays = ()
         return True
     return False
@@ -192,8 +206,8 @@ def event_synchronize(event_id: int) -> None:
         return
     if mark.timing:
         mark.stamped.wait()
-    else:
-        _wait(mark.arrays)
+    elif mark.arrays != ():
+        synchronize(mark.device)
         mark.arrays = ()
 
 
