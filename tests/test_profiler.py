@@ -97,3 +97,11 @@ def test_tensorboard_trace_handler_writes_device_rows(tmp_path):
         assert (torch.ones(8, device="tpu") * 2).sum().item() == 16.0
     (path,) = glob.glob(str(tmp_path / "*.pt.trace.json"))
     assert [e for e in _events(path) if e.get("cat") == "kernel" and e["dur"] > 0]
+
+
+def test_profile_memory_counts_tpu_allocations():
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1], profile_memory=True) as prof:
+        t = torch.empty(1 << 20, dtype=torch.uint8, device="tpu")
+        del t
+    (empty,) = [e for e in prof.key_averages() if e.key == "aten::empty"]
+    assert empty.device_memory_usage == 1 << 20

@@ -206,17 +206,25 @@ std::unordered_map<uint64_t, std::pair<int64_t, int>> g_live;  // address -> (by
 
 void release(void* ctx) {
   uint64_t addr = reinterpret_cast<uint64_t>(ctx);
-  std::lock_guard<std::mutex> lock(g_freed_mutex);
-  auto it = g_live.find(addr);
-  if (it != g_live.end()) {
-    DeviceMemory& m = g_memory[it->second.second];
-    m.allocated -= it->second.first;
-    m.num_frees += 1;
-    m.live_storages -= 1;
-    count_stats(m, it->second.first, false);
-    g_live.erase(it);
+  int64_t bytes = -1, now = 0;
+  int index = 0;
+  {
+    std::lock_guard<std::mutex> lock(g_freed_mutex);
+    auto it = g_live.find(addr);
+    if (it != g_live.end()) {
+      bytes = it->second.first;
+      index = it->second.second;
+      DeviceMemory& m = g_memory[index];
+      now = (m.allocated -= bytes);
+      m.num_frees += 1;
+      m.live_storages -= 1;
+      count_stats(m, bytes, false);
+      g_live.erase(it);
+    }
+    g_freed.push_back(addr);
   }
-  g_freed.push_back(addr);
+  // torch.profiler(profile_memory=True): a thread-local check when no profiler is on.
+  if (bytes >= 0) c10::reportMemoryUsageToProfiler(ctx, -bytes, now, now, Device(kTpu, static_cast<DeviceIndex>(index)));
 }
 
 std::string format_bytes(int64_t n) {
@@ -257,6 +265,7 @@ struct TpuAllocator final : c10::DeviceAllocator {
     m.num_allocs += 1;
     m.live_storages += 1;
     void* p = reinterpret_cast<void*>(addr);
+    c10::reportMemoryUsageToProfiler(p, n, now, now, Device(kTpu, index));
     return {p, p, &release, Device(kTpu, index)};
   }
   c10::DeleterFnPtr raw_deleter() const override { return &release; }
