@@ -9,7 +9,7 @@ PYTEST_FLAGS ?=
 
 .PHONY: install demo test test-defer test-heavy test-all bench docs clean
 
-$(STAMP): pyproject.toml setup.py torch_tpu/csrc/native.cpp torch_tpu/csrc/autocast.cpp
+$(STAMP): pyproject.toml setup.py torch_tpu/csrc/native.cpp torch_tpu/csrc/autocast.cpp torch_tpu/csrc/profiler.cpp
 	test -x $(PYTHON) || $(PY) -m venv $(VENV)
 	$(PYTHON) -m pip install -q $(PINS) numpy setuptools wheel
 	TORCH_DEVICE_BACKEND_AUTOLOAD=0 $(PYTHON) -m pip install -q --no-build-isolation -e '.[test]'

@@ -18,7 +18,7 @@ __version__ = "0.1.0"
 
 
 def _register_backend() -> None:
-    from torch_tpu import autocast
+    from torch_tpu import autocast, profiler, streams
     from torch_tpu import device as device_module
     from torch_tpu.eager import kernels
     from torch_tpu.runtime import platform, storage
@@ -28,6 +28,8 @@ def _register_backend() -> None:
     torch._register_device_module("tpu", device_module)
     autocast.set_default_dtype()
     _native.register_hooks()
+    _native.set_runtime_callbacks(streams)  # the device guard's synchronize, events, memory info
+    profiler.install()  # torch.profiler device rows (Kineto PrivateUse1 profiler)
     _native.set_init_callback(platform.count_for_torch)
     if hasattr(_native, "set_resize_callback"):  # a shim built before storage resize_ support lacks it
         _native.set_resize_callback(storage.resized)

@@ -20,7 +20,8 @@ __all__ = [
     "memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
     "reset_peak_memory_stats", "memory_stats", "empty_cache", "set_per_process_memory_fraction",
     "is_initialized", "init", "Stream", "Event", "current_stream", "default_stream", "stream",
-    "get_amp_supported_dtype", "is_bf16_supported",
+    "get_amp_supported_dtype", "is_bf16_supported", "mem_get_info", "set_stream", "StreamContext",
+    "reset_accumulated_memory_stats",
 ]
 
 _in_bad_fork = False
@@ -120,17 +121,10 @@ class device:
 
 
 def synchronize(device=None) -> None:
-    """Wait until every queued computation on the device has finished."""
-    from torch_tpu.runtime import storage
+    """Wait until every queued computation on the device has finished (DeferAndFuse: runs what is recorded)."""
+    from torch_tpu import streams
 
-    index = _index(device)
-    storage.materialize("synchronize")  # DeferAndFuse: run what is recorded, then wait for it
-    storage.drain()
-    arrays = [value for value, _ in list(storage.buffers.values()) if hasattr(value, "block_until_ready")]
-    target = _runtime().devices[index]
-    for array in arrays:
-        if target in array.devices():
-            array.block_until_ready()
+    streams.synchronize(_index(device))
 
 
 # ------------------------------------------------------------------ RNG
@@ -219,6 +213,11 @@ class DeviceProperties:
     kind: str
     index: int
     total_memory: int
+    # Compute units XLA spreads one program over: TensorCores of the device on TPU (JAX's num_cores),
+    # host cores on XLA:CPU. The field name is CUDA's (SMs), which device-generic code reads.
+    multi_processor_count: int = 1
+    major: int = 0
+    minor: int = 0
 
     def __repr__(self):
         return (f"_TpuDeviceProperties(name='{self.name}', platform='{self.platform}', "
@@ -229,9 +228,10 @@ def get_device_properties(device=None) -> DeviceProperties:
     rt = _runtime()
     index = _index(device)
     d = rt.devices[index]
+    cores = getattr(d, "num_cores", None) or (os.cpu_count() if rt.platform == "cpu" else 1)
     return DeviceProperties(
         name=get_device_name(index), platform=rt.platform, kind=d.device_kind, index=index,
-        total_memory=_native.memory_stats(index)["bytes_limit"],
+        total_memory=_native.memory_stats(index)["bytes_limit"], multi_processor_count=int(cores),
     )
 
 
@@ -247,46 +247,57 @@ def get_device_capability(device=None) -> tuple[int, int]:
 
 
 # ------------------------------------------------------------------ memory
-def _stats(device) -> dict:
+# The native allocator is PyTorch's DeviceAllocator for tpu: these read torch.accelerator's memory
+# API, which reads the allocator's counts (one XLA buffer per storage, so reserved == allocated).
+def _accel_index(device) -> int:
     from torch_tpu.runtime import storage
 
-    storage.drain()
-    return _native.memory_stats(_index(device))
+    storage.drain()  # count freed storages' buffers as released now
+    return _index(device)
 
 
 def memory_allocated(device=None) -> int:
     """Bytes held by live tpu storages on the device."""
-    return _stats(device)["allocated_bytes.all.current"]
+    return torch.accelerator.memory_allocated(_accel_index(device))
 
 
 def max_memory_allocated(device=None) -> int:
     """Peak of memory_allocated since start or the last reset_peak_memory_stats."""
-    return _stats(device)["allocated_bytes.all.peak"]
+    return torch.accelerator.max_memory_allocated(_accel_index(device))
 
 
 def memory_reserved(device=None) -> int:
-    # No caching allocator of our own: reserved equals allocated.
-    return memory_allocated(device)
+    """Equals memory_allocated: XLA holds one buffer per storage and we cache none."""
+    return torch.accelerator.memory_reserved(_accel_index(device))
 
 
 def max_memory_reserved(device=None) -> int:
-    return max_memory_allocated(device)
+    return torch.accelerator.max_memory_reserved(_accel_index(device))
 
 
 def reset_peak_memory_stats(device=None) -> None:
-    _native.reset_peak(_index(device))
+    torch.accelerator.reset_peak_memory_stats(_index(device))
+
+
+def reset_accumulated_memory_stats(device=None) -> None:
+    torch.accelerator.reset_accumulated_memory_stats(_index(device))
 
 
 def memory_stats(device=None) -> dict:
-    """CUDA-style memory statistics, plus the live device buffer count."""
+    """CUDA-style memory statistics (torch.accelerator.memory_stats), plus the live device buffer count."""
     from torch_tpu.runtime import storage
 
-    stats = dict(_stats(device))
-    stats["reserved_bytes.all.current"] = stats["allocated_bytes.all.current"]
-    stats["reserved_bytes.all.peak"] = stats["allocated_bytes.all.peak"]
+    index = _accel_index(device)
+    stats = dict(torch.accelerator.memory_stats(index))
+    stats["bytes_limit"] = _native.memory_stats(index)["bytes_limit"]
     # Buffers that exist on the device (DeferAndFuse's pending values do not, yet).
     stats["num_device_buffers"] = sum(1 for value, _ in list(storage.buffers.values()) if hasattr(value, "nbytes"))
     return stats
+
+
+def mem_get_info(device=None) -> tuple[int, int]:
+    """(free, total) device memory in bytes, like torch.cuda.mem_get_info (docs/device-generic.md)."""
+    return torch.accelerator.get_memory_info(_index(device))
 
 
 def empty_cache() -> None:
@@ -308,85 +319,9 @@ def set_per_process_memory_fraction(fraction: float, device=None) -> None:
 
 
 # ------------------------------------------------------------------ streams
-class Stream:
-    """The device's single in-order stream (XLA orders work per device itself)."""
-
-    def __init__(self, device=None, priority: int = 0):
-        self.device = torch.device("tpu", _index(device))
-        self.priority = priority
-
-    def synchronize(self) -> None:
-        synchronize(self.device)
-
-    def wait_stream(self, stream) -> None:
-        pass  # one stream per device: already ordered
-
-    def wait_event(self, event) -> None:
-        pass
-
-    def query(self) -> bool:
-        return True
-
-    def record_event(self, event=None):
-        event = event or Event()
-        event.record(self)
-        return event
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-    def __eq__(self, other):
-        return isinstance(other, Stream) and other.device == self.device
-
-    def __hash__(self):
-        return hash(self.device)
-
-
-class Event:
-    """A point in a stream; `elapsed_time` measures host time between synchronized records."""
-
-    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
-        self.enable_timing = enable_timing
-        self._time = None
-        self._device = None
-
-    def record(self, stream: Stream | None = None) -> None:
-        import time
-
-        self._device = (stream or current_stream()).device
-        if self.enable_timing:
-            synchronize(self._device)
-            self._time = time.perf_counter()
-
-    def synchronize(self) -> None:
-        if self._device is not None:
-            synchronize(self._device)
-
-    def wait(self, stream=None) -> None:
-        pass
-
-    def query(self) -> bool:
-        return True
-
-    def elapsed_time(self, end: "Event") -> float:
-        if not (self.enable_timing and end.enable_timing) or self._time is None or end._time is None:
-            raise RuntimeError("Both events must be recorded with enable_timing=True before elapsed_time()")
-        return (end._time - self._time) * 1000.0
-
-
-def current_stream(device=None) -> Stream:
-    return Stream(device)
-
-
-def default_stream(device=None) -> Stream:
-    return Stream(device)
-
-
-def stream(s: Stream | None):
-    return s if s is not None else Stream()
+from torch_tpu.streams import (  # noqa: E402
+    Event, Stream, StreamContext, current_stream, default_stream, set_stream, stream,
+)
 
 
 def get_amp_supported_dtype() -> list:

@@ -12,9 +12,11 @@
 #include <torch/extension.h>
 
 #include <ATen/EmptyTensor.h>
+#include <ATen/core/CachingHostAllocator.h>
 #include <ATen/SDPBackend.h>
 #include <ATen/native/transformers/attention.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/core/impl/alloc_cpu.h>
 #include <torch/csrc/Generator.h>
@@ -71,6 +73,25 @@ void check_index(DeviceIndex index) {
               "': torch.tpu.device_count() is ", static_cast<int>(count));
 }
 
+// Python's answers for what the runtime knows (torch_tpu/streams.py): device synchronization,
+// events, memory info. Called with the GIL taken, from any thread.
+py::object* g_runtime = nullptr;
+
+// The result is converted (and the Python objects released) while the GIL is held.
+template <typename R = void, typename... Args>
+R call_runtime(const char* name, Args&&... args) {
+  py::gil_scoped_acquire gil;
+  TORCH_CHECK(g_runtime != nullptr, "tpu runtime callbacks are not registered");
+  py::object result = g_runtime->attr(name)(std::forward<Args>(args)...);
+  if constexpr (!std::is_void_v<R>) return result.cast<R>();
+}
+
+// Streams are ids (0: the default stream); the current one is per thread and device. XLA runs a
+// device's programs in launch order, so every stream of a device shares that one order.
+thread_local c10::StreamId t_current_stream[kMaxDevices] = {};
+std::atomic<c10::StreamId> g_next_stream{1};
+std::atomic<uint64_t> g_next_event{1};
+
 struct TpuGuard final : c10::impl::DeviceGuardImplInterface {
   c10::DeviceType type() const override { return kTpu; }
   Device exchangeDevice(Device d) const override {
@@ -87,14 +108,70 @@ struct TpuGuard final : c10::impl::DeviceGuardImplInterface {
   void uncheckedSetDevice(Device d) const noexcept override {
     if (d.index() >= 0) t_current_device = d.index();
   }
-  // XLA orders work per device itself; one default stream per device is honest.
-  Stream getStream(Device d) const override { return Stream(Stream::DEFAULT, d); }
-  Stream exchangeStream(Stream s) const override { return Stream(Stream::DEFAULT, s.device()); }
+  static DeviceIndex index_of(Device d) { return d.index() < 0 ? t_current_device : d.index(); }
+  Stream getStream(Device d) const override {
+    DeviceIndex i = index_of(d);
+    return Stream(Stream::UNSAFE, Device(kTpu, i), t_current_stream[i]);
+  }
+  Stream getDefaultStream(Device d) const override { return Stream(Stream::DEFAULT, Device(kTpu, index_of(d))); }
+  Stream getNewStream(Device d, int) const override {
+    DeviceIndex i = index_of(d);
+    check_index(i);
+    return Stream(Stream::UNSAFE, Device(kTpu, i), g_next_stream++);
+  }
+  Stream getStreamFromGlobalPool(Device d, bool) const override { return getNewStream(d, 0); }
+  Stream exchangeStream(Stream s) const override {
+    DeviceIndex i = s.device_index();
+    Stream old(Stream::UNSAFE, Device(kTpu, i), t_current_stream[i]);
+    t_current_stream[i] = s.id();
+    return old;
+  }
   DeviceIndex deviceCount() const noexcept override { return device_count(); }
-  void record(void**, const Stream&, const DeviceIndex, const c10::EventFlag) const override {}
+  // torch.accelerator.get_device_capability: the dtypes the platform holds (streams.supported_dtypes).
+  c10::DeviceCapability getDeviceCapability(Device d) const override {
+    auto types = call_runtime<std::vector<at::ScalarType>>("supported_dtypes", index_of(d));
+    c10::DeviceCapability cap;
+    cap.capability_data.capability_bits = 0;
+    for (auto st : types) {
+#define TPU_CAPABILITY(_, name) \
+  if (st == at::ScalarType::name) cap.capability_data.capability_bits |= 1ULL << c10::kIndex_##name;
+      AT_FORALL_SCALAR_TYPES_WITH_COMPLEX_AND_QINTS(TPU_CAPABILITY)
+#undef TPU_CAPABILITY
+    }
+    return cap;
+  }
+  // A stream is done when its device is: all streams share the device's order.
+  bool queryStream(const Stream& s) const override { return call_runtime<bool>("query_device", s.device_index()); }
+  void synchronizeStream(const Stream& s) const override { call_runtime("synchronize", s.device_index()); }
+  void synchronizeDevice(const DeviceIndex index) const override {
+    call_runtime("synchronize", index < 0 ? t_current_device : index);
+  }
+  // An event is an id; Python keeps what it marks (the device's work launched before record()).
+  void record(void** event, const Stream& s, const DeviceIndex, const c10::EventFlag flag) const override {
+    if (*event == nullptr) *event = reinterpret_cast<void*>(g_next_event++);
+    call_runtime("event_record", reinterpret_cast<uint64_t>(*event), s.device_index(),
+                 flag == c10::EventFlag::BACKEND_DEFAULT);
+  }
+  // Waiting needs nothing: the waiting stream's later work is launched after the recorded work,
+  // on the same in-order device (or reads its results through a transfer that waits for them).
   void block(void*, const Stream&) const override {}
-  bool queryEvent(void*) const override { return true; }
-  void destroyEvent(void*, const DeviceIndex) const noexcept override {}
+  bool queryEvent(void* event) const override {
+    return event == nullptr || call_runtime<bool>("event_query", reinterpret_cast<uint64_t>(event));
+  }
+  void synchronizeEvent(void* event) const override {
+    if (event != nullptr) call_runtime("event_synchronize", reinterpret_cast<uint64_t>(event));
+  }
+  double elapsedTime(void* start, void* end, const DeviceIndex) const override {
+    TORCH_CHECK(start != nullptr && end != nullptr, "Both events must be recorded before calculating elapsed time.");
+    return call_runtime<double>("event_elapsed", reinterpret_cast<uint64_t>(start), reinterpret_cast<uint64_t>(end));
+  }
+  void destroyEvent(void* event, const DeviceIndex) const noexcept override {
+    if (event == nullptr || g_runtime == nullptr || !Py_IsInitialized()) return;
+    try {
+      call_runtime("event_destroy", reinterpret_cast<uint64_t>(event));
+    } catch (...) {
+    }
+  }
 };
 C10_REGISTER_GUARD_IMPL(PrivateUse1, TpuGuard);
 
@@ -102,7 +179,25 @@ C10_REGISTER_GUARD_IMPL(PrivateUse1, TpuGuard);
 struct DeviceMemory {
   std::atomic<int64_t> allocated{0}, peak{0}, num_allocs{0}, num_frees{0}, live_storages{0};
   std::atomic<int64_t> limit{INT64_MAX};
+  c10::CachingDeviceAllocator::DeviceStats stats;  // CUDA-style counters, under g_freed_mutex
 };
+
+// CUDA's pools: blocks up to 1 MiB are "small". One storage is one XLA buffer, so an allocation is
+// also a segment and an active block.
+void count_stats(DeviceMemory& m, int64_t bytes, bool add) {
+  using c10::CachingAllocator::StatType;
+  for (auto type : {StatType::AGGREGATE, bytes <= (1 << 20) ? StatType::SMALL_POOL : StatType::LARGE_POOL}) {
+    size_t t = static_cast<size_t>(type);
+    for (auto* stat : {&m.stats.allocated_bytes[t], &m.stats.reserved_bytes[t], &m.stats.active_bytes[t],
+                       &m.stats.requested_bytes[t]}) {
+      add ? stat->increase(bytes) : stat->decrease(bytes);
+    }
+    for (auto* stat : {&m.stats.allocation[t], &m.stats.segment[t], &m.stats.active[t]}) {
+      add ? stat->increase(1) : stat->decrease(1);
+    }
+  }
+  add ? ++m.stats.num_device_alloc : ++m.stats.num_device_free;
+}
 DeviceMemory g_memory[kMaxDevices];
 
 std::mutex g_freed_mutex;
@@ -111,16 +206,25 @@ std::unordered_map<uint64_t, std::pair<int64_t, int>> g_live;  // address -> (by
 
 void release(void* ctx) {
   uint64_t addr = reinterpret_cast<uint64_t>(ctx);
-  std::lock_guard<std::mutex> lock(g_freed_mutex);
-  auto it = g_live.find(addr);
-  if (it != g_live.end()) {
-    DeviceMemory& m = g_memory[it->second.second];
-    m.allocated -= it->second.first;
-    m.num_frees += 1;
-    m.live_storages -= 1;
-    g_live.erase(it);
+  int64_t bytes = -1, now = 0;
+  int index = 0;
+  {
+    std::lock_guard<std::mutex> lock(g_freed_mutex);
+    auto it = g_live.find(addr);
+    if (it != g_live.end()) {
+      bytes = it->second.first;
+      index = it->second.second;
+      DeviceMemory& m = g_memory[index];
+      now = (m.allocated -= bytes);
+      m.num_frees += 1;
+      m.live_storages -= 1;
+      count_stats(m, bytes, false);
+      g_live.erase(it);
+    }
+    g_freed.push_back(addr);
   }
-  g_freed.push_back(addr);
+  // torch.profiler(profile_memory=True): a thread-local check when no profiler is on.
+  if (bytes >= 0) c10::reportMemoryUsageToProfiler(ctx, -bytes, now, now, Device(kTpu, static_cast<DeviceIndex>(index)));
 }
 
 std::string format_bytes(int64_t n) {
@@ -129,7 +233,8 @@ std::string format_bytes(int64_t n) {
   return buf;
 }
 
-struct TpuAllocator final : c10::Allocator {
+// A DeviceAllocator, so torch.accelerator's memory API (c10::getDeviceAllocator) reads these counts.
+struct TpuAllocator final : c10::DeviceAllocator {
   // Fake addresses start high and only grow, so no two storages ever share
   // one; ranges never overlap, which tied-weight detection relies on.
   std::atomic<uint64_t> next{1ull << 44};
@@ -139,6 +244,10 @@ struct TpuAllocator final : c10::Allocator {
     DeviceMemory& m = g_memory[index];
     int64_t n = static_cast<int64_t>(nbytes);
     int64_t now = m.allocated.load();
+    if (now + n > m.limit.load()) {
+      std::lock_guard<std::mutex> lock(g_freed_mutex);
+      m.stats.num_ooms += 1;
+    }
     TORCH_CHECK_WITH(OutOfMemoryError, now + n <= m.limit.load(),
                      "TPU out of memory. Tried to allocate ", format_bytes(n), " (tpu:",
                      static_cast<int>(index), "; ", format_bytes(m.limit.load()), " total capacity; ",
@@ -148,6 +257,7 @@ struct TpuAllocator final : c10::Allocator {
     {
       std::lock_guard<std::mutex> lock(g_freed_mutex);
       g_live.emplace(addr, std::make_pair(n, static_cast<int>(index)));
+      count_stats(m, n, true);
     }
     now = (m.allocated += n);
     int64_t peak = m.peak.load();
@@ -155,11 +265,47 @@ struct TpuAllocator final : c10::Allocator {
     m.num_allocs += 1;
     m.live_storages += 1;
     void* p = reinterpret_cast<void*>(addr);
+    c10::reportMemoryUsageToProfiler(p, n, now, now, Device(kTpu, index));
     return {p, p, &release, Device(kTpu, index)};
   }
   c10::DeleterFnPtr raw_deleter() const override { return &release; }
   void copy_data(void*, const void*, std::size_t) const override {
     TORCH_CHECK(false, "tpu storages are not host-addressable; copy through torch_tpu");
+  }
+  bool initialized() override { return g_device_count.load() > 0; }
+  // Drops the device buffers of freed storages now (Python owns the buffer map).
+  void emptyCache(c10::MempoolId_t) override { call_runtime("empty_cache"); }
+  // PJRT keeps a buffer alive until the programs using it finish: no stream bookkeeping needed.
+  void recordStream(const c10::DataPtr&, c10::Stream) override {}
+  c10::CachingDeviceAllocator::DeviceStats getDeviceStats(DeviceIndex index) override {
+    check_index(index);
+    std::lock_guard<std::mutex> lock(g_freed_mutex);
+    return g_memory[index].stats;
+  }
+  void resetAccumulatedStats(DeviceIndex index) override {
+    check_index(index);
+    std::lock_guard<std::mutex> lock(g_freed_mutex);
+    auto& st = g_memory[index].stats;
+    for (auto* a : {&st.allocation, &st.segment, &st.active, &st.allocated_bytes, &st.reserved_bytes,
+                    &st.active_bytes, &st.requested_bytes}) {
+      for (auto& stat : *a) stat.reset_accumulated();
+    }
+    st.num_alloc_retries = st.num_ooms = st.num_device_alloc = st.num_device_free = 0;
+  }
+  void resetPeakStats(DeviceIndex index) override {
+    check_index(index);
+    std::lock_guard<std::mutex> lock(g_freed_mutex);
+    DeviceMemory& m = g_memory[index];
+    m.peak.store(m.allocated.load());
+    for (auto* a : {&m.stats.allocation, &m.stats.segment, &m.stats.active, &m.stats.allocated_bytes,
+                    &m.stats.reserved_bytes, &m.stats.active_bytes, &m.stats.requested_bytes}) {
+      for (auto& stat : *a) stat.reset_peak();
+    }
+  }
+  // (free, total) bytes: PJRT's numbers where the platform reports them (streams.memory_info).
+  std::pair<size_t, size_t> getMemoryInfo(DeviceIndex index) override {
+    check_index(index);
+    return call_runtime<std::pair<size_t, size_t>>("memory_info", index);
   }
 };
 TpuAllocator g_allocator;
@@ -212,23 +358,34 @@ std::vector<at::Generator> g_default_generators;
 // device's hooks for a pinned host allocator. XLA copies host buffers itself (page-locking buys
 // nothing through PJRT's host transfers), so pinned tensors are ordinary CPU allocations that
 // remember they were pinned, for `is_pinned()`.
+// It is also PyTorch's host allocator for tpu (torch.accelerator.empty_host_cache, host memory stats).
 std::mutex g_pinned_mutex;
-std::unordered_set<const void*> g_pinned;
+std::unordered_map<const void*, size_t> g_pinned;  // pointer -> bytes
+at::HostStats g_pinned_stats;                      // under g_pinned_mutex
 
 void delete_pinned(void* ptr) {
   {
     std::lock_guard<std::mutex> lock(g_pinned_mutex);
-    g_pinned.erase(ptr);
+    auto it = g_pinned.find(ptr);
+    if (it != g_pinned.end()) {
+      for (auto* stat : {&g_pinned_stats.active_bytes, &g_pinned_stats.allocated_bytes}) stat->decrease(it->second);
+      for (auto* stat : {&g_pinned_stats.active_requests, &g_pinned_stats.allocations}) stat->decrease(1);
+      g_pinned_stats.num_host_free += 1;
+      g_pinned.erase(it);
+    }
   }
   c10::free_cpu(ptr);
 }
 
-struct PinnedAllocator final : c10::Allocator {
+struct PinnedAllocator final : at::HostAllocator {
   c10::DataPtr allocate(size_t nbytes) override {
     void* ptr = nbytes ? c10::alloc_cpu(nbytes) : nullptr;
     if (ptr) {
       std::lock_guard<std::mutex> lock(g_pinned_mutex);
-      g_pinned.insert(ptr);
+      g_pinned.emplace(ptr, nbytes);
+      for (auto* stat : {&g_pinned_stats.active_bytes, &g_pinned_stats.allocated_bytes}) stat->increase(nbytes);
+      for (auto* stat : {&g_pinned_stats.active_requests, &g_pinned_stats.allocations}) stat->increase(1);
+      g_pinned_stats.num_host_alloc += 1;
     }
     return {ptr, ptr, &delete_pinned, Device(c10::DeviceType::CPU)};
   }
@@ -236,8 +393,32 @@ struct PinnedAllocator final : c10::Allocator {
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     default_copy_data(dest, src, count);
   }
+  // Nothing is cached (a freed block goes straight back to the system) and nothing needs a
+  // stream's work to finish before reuse (XLA copied the bytes when the transfer was issued).
+  bool record_event(void*, void*, c10::Stream) override { return true; }
+  void empty_cache() override {}
+  at::HostStats get_stats() override {
+    std::lock_guard<std::mutex> lock(g_pinned_mutex);
+    return g_pinned_stats;
+  }
+  void reset_accumulated_stats() override {
+    std::lock_guard<std::mutex> lock(g_pinned_mutex);
+    for (auto* stat : {&g_pinned_stats.active_requests, &g_pinned_stats.active_bytes, &g_pinned_stats.allocations,
+                       &g_pinned_stats.allocated_bytes}) {
+      stat->reset_accumulated();
+    }
+    g_pinned_stats.num_host_alloc = g_pinned_stats.num_host_free = 0;
+  }
+  void reset_peak_stats() override {
+    std::lock_guard<std::mutex> lock(g_pinned_mutex);
+    for (auto* stat : {&g_pinned_stats.active_requests, &g_pinned_stats.active_bytes, &g_pinned_stats.allocations,
+                       &g_pinned_stats.allocated_bytes}) {
+      stat->reset_peak();
+    }
+  }
 };
 PinnedAllocator g_pinned_allocator;
+REGISTER_HOST_ALLOCATOR(kTpu, &g_pinned_allocator);
 
 struct TpuHooks final : at::PrivateUse1HooksInterface {
   bool isBuilt() const override { return true; }
@@ -1138,6 +1319,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("empty_strided", &empty_strided);
 }
 
+void init_profiler(py::module& m);  // profiler.cpp
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "torch_tpu native shim: device guard, hooks, allocator";
   m.def("register_hooks", []() { at::RegisterPrivateUse1HooksInterface(new TpuHooks()); });
@@ -1200,5 +1383,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("reset_fast_op_count", []() { g_fast_ops.store(0); });
   m.def("memory_stats", &memory_stats);
   m.def("set_memory_limit", [](int index, int64_t limit) { g_memory[index].limit.store(limit); });
-  m.def("reset_peak", [](int index) { g_memory[index].peak.store(g_memory[index].allocated.load()); });
+  m.def("reset_peak", [](int index) { g_allocator.resetPeakStats(static_cast<DeviceIndex>(index)); });
+  init_profiler(m);
+  m.def("set_runtime_callbacks", [](py::object callbacks) {
+    delete g_runtime;
+    g_runtime = new py::object(std::move(callbacks));
+  });
 }

@@ -37,6 +37,7 @@ program.py), where to cut (repeats.py), when to materialize (callers of
 """
 from __future__ import annotations
 
+import contextlib
 import linecache
 import math
 import os
@@ -48,6 +49,7 @@ import numpy as np
 import torch
 
 from torch_tpu import _native, metrics, precision, recompiles
+from torch_tpu import profiler as _trace
 from torch_tpu.config import config
 from torch_tpu.eager import executor
 from torch_tpu.eager import program as program_mod
@@ -330,10 +332,15 @@ class Segment:
                 key = (key, offsets)
         scalars = executor._device_scalars(raw, self.device) if raw else []
         executable = _executables.get(key)
+        name = _trace.segment_name(nodes, self.nodes) if _trace.active else None
         if executable is None:
-            executable = self._compile(graph, donated, kept, scalars, key, offsets)
+            with _trace.compiling(name, self.device) if name else contextlib.nullcontext():
+                executable = self._compile(graph, donated, kept, scalars, key, offsets)
         try:
-            results = executable(donated, kept, scalars)
+            if name:  # torch.profiler device rows (profiler.py)
+                results = _trace.run_program(name, self.device, executable, donated, kept, scalars)
+            else:
+                results = executable(donated, kept, scalars)
         except jax.errors.JaxRuntimeError as err:
             wheres = [nodes[i].where for i in self.nodes]
             error = translate_runtime_error(err, f"a deferred graph of {len(self.nodes)} ops")

@@ -16,12 +16,14 @@ op computes (ops/) or how its program is traced (program.py).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import jax
 import torch
 
 from torch_tpu import _native, metrics, precision, recompiles
+from torch_tpu import profiler as _trace
 from torch_tpu.config import config
 from torch_tpu.eager import program as program_mod
 from torch_tpu.eager import opspec
@@ -177,6 +179,7 @@ def _rng_scalars(generator, device: int):
 
 
 _MISS = object()
+_NO_TRACE = contextlib.nullcontext()
 
 
 def kernel(spec: OpSpec, lowering: Lowering, via_functional: bool):
@@ -200,7 +203,7 @@ def execute(spec: OpSpec, lowering: Lowering, via_functional: bool, *args, **kwa
     full = list(args) if not kwargs and len(args) == spec.n_args else spec.normalize(args, kwargs)
     if config.defer_and_fuse:  # DeferAndFuse: record instead of launching (defer.py)
         return _defer.record(spec, lowering, via_functional, full)
-    if not (lowering.rng or config.launch_blocking):
+    if not (lowering.rng or config.launch_blocking or _trace.active):
         # Cache hit: one native call does signature, lookup, launch and outputs.
         extra = (precision.matmul_precision(),) if lowering.precision else ()
         try:
@@ -240,8 +243,12 @@ def _execute_slow(spec: OpSpec, lowering: Lowering, via_functional: bool, full: 
     try:
         first = executable is None
         if first:
-            executable = program_mod.compile_program(prog, platform.get().shardings[device], arrays, scalars)
-        fresh, updated = executable(arrays, scalars)
+            with _trace.compiling(spec.name, device) if _trace.active else _NO_TRACE:
+                executable = program_mod.compile_program(prog, platform.get().shardings[device], arrays, scalars)
+        if _trace.active:  # torch.profiler device rows (profiler.py)
+            fresh, updated = _trace.run_program(spec.name, device, executable, arrays, scalars)
+        else:
+            fresh, updated = executable(arrays, scalars)
         if first:
             prog.adopt_direct_call()
         if config.launch_blocking:

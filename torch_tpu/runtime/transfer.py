@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from torch_tpu import _native, metrics
+from torch_tpu import profiler as _trace
 from torch_tpu.eager import strided
 from torch_tpu.runtime import dtypes, platform, storage
 
@@ -31,7 +32,12 @@ def upload(src: torch.Tensor, device: int) -> torch.Tensor:
     src = src.detach().resolve_conj().resolve_neg().contiguous()
     # Copy: the device buffer must not alias host memory the user may mutate.
     host = np.array(dtypes.tensor_to_numpy(src).reshape(-1), copy=True)
-    array = jax.device_put(host, rt.devices[device])
+    if _trace.active:  # torch.profiler memcpy row: until the copy is on the device
+        start = _trace._clock()
+        array = jax.device_put(host, rt.devices[device]).block_until_ready()
+        _trace.copy("Memcpy HtoD", device, start, host.nbytes)
+    else:
+        array = jax.device_put(host, rt.devices[device])
     metrics.counts.h2d_transfers += 1
     metrics.counts.h2d_bytes += host.nbytes
     return _fresh(array, tuple(src.shape), src.dtype, device)
@@ -71,7 +77,10 @@ def download(t: torch.Tensor) -> torch.Tensor:
         return torch.zeros(tuple(t.shape), dtype=t.dtype)
     # Reshaped on the host: a device reshape would queue behind all launched work
     # and wait for it, where the copy only waits for this value.
+    start = _trace._clock() if _trace.active else 0
     host = np.asarray(array).reshape(tuple(t.shape))
+    if start:
+        _trace.copy("Memcpy DtoH", t.device.index, start, host.nbytes)
     metrics.counts.d2h_transfers += 1
     metrics.counts.d2h_bytes += host.nbytes
     metrics.counts.materializations += 1
@@ -83,7 +92,11 @@ def to_device(t: torch.Tensor, device: int) -> torch.Tensor:
     array = dense_array(t)
     if array is None:
         return torch.zeros(tuple(t.shape), dtype=t.dtype, device=torch.device("tpu", device))
+    start = _trace._clock() if _trace.active else 0
     moved = jax.device_put(array.reshape(-1), platform.get().devices[device])
+    if start:
+        moved.block_until_ready()
+        _trace.copy("Memcpy DtoD", device, start, t.numel() * t.element_size())
     metrics.counts.d2d_transfers += 1
     metrics.counts.d2d_bytes += t.numel() * t.element_size()
     return _fresh(moved, tuple(t.shape), t.dtype, device)
