@@ -206,7 +206,7 @@ def run_entry(op, mode: str, samples: int = SAMPLES, tol=None, metadata_only=Fal
     torch.manual_seed(0)
     where = "tpu" if samples_on_tpu else "cpu"
     try:
-        sample_list = list(itertools.islice(op.sample_inputs(where, dtype, requires_grad=backward), samples))
+        sample_list = list(itertools.islice(op.sample_inputs(where, dtype, requires_grad=backward), samples or None))
     except Exception as err:
         if verbose:
             traceback.print_exc()
