@@ -140,7 +140,29 @@ def div(x, y):
     return x / y
 
 
-@lowers(aten.div.Tensor_mode, aten.div.Scalar_mode, promote=Promote.DEFAULT, promote_args=_BINARY)
+_LOW = (jnp.bfloat16, jnp.float16)
+
+
+def _div_floor(x, y):
+    """PyTorch's div_floor_floating (c10/util/generic_math.h): floor(x / y) through fmod, exact at ties.
+
+    Low-precision floats compute in float32 and round once, as PyTorch's CPU kernel does.
+    """
+    low = x.dtype if x.dtype in _LOW else None
+    if low is not None:
+        x, y = x.astype(jnp.float32), y.astype(jnp.float32)
+    mod = jnp.fmod(x, y)
+    div = (x - mod) / y
+    div = jnp.where((mod != 0) & ((y < 0) != (mod < 0)), div - 1, div)
+    floor = jnp.floor(div)
+    floor = jnp.where(div - floor > 0.5, floor + 1, floor)
+    out = jnp.where(div != 0, floor, jnp.copysign(jnp.zeros_like(div), x / y))
+    out = jnp.where(y == 0, x / y, out)
+    return out if low is None else out.astype(low)
+
+
+# NO_OPMATH: bfloat16/float16 arrive in their own dtype (the trunc mode rounds its quotient to it).
+@lowers(aten.div.Tensor_mode, aten.div.Scalar_mode, promote=Promote.NO_OPMATH, promote_args=_BINARY)
 def div_mode(x, y, rounding_mode=None):
     if rounding_mode is None:
         return x / y
@@ -150,13 +172,20 @@ def div_mode(x, y, rounding_mode=None):
             return jnp.floor_divide(x, y)
         q = lax.div(x, jnp.where(y == 0, 1, y))
         return q
-    q = x / y
-    return jnp.floor(q) if rounding_mode == "floor" else jnp.trunc(q)
+    if rounding_mode == "floor":
+        return _div_floor(x, y)
+    if x.dtype not in _LOW:
+        return jnp.trunc(x / y)
+    # PyTorch's CPU kernel rounds the quotient to the input dtype before truncating it (reduce_precision:
+    # XLA folds a float32 -> bfloat16 -> float32 convert pair away).
+    info = jnp.finfo(x.dtype)
+    q = lax.reduce_precision(x.astype(jnp.float32) / y.astype(jnp.float32), info.nexp, info.nmant)
+    return jnp.trunc(q).astype(x.dtype)
 
 
 @lowers(aten.floor_divide.default, aten.floor_divide.Scalar, promote=Promote.DEFAULT)
 def floor_divide(x, y):
-    return jnp.floor_divide(x, y) if jnp.issubdtype(x.dtype, jnp.integer) else jnp.floor(x / y)
+    return jnp.floor_divide(x, y) if jnp.issubdtype(x.dtype, jnp.integer) else _div_floor(x, y)
 
 
 @lowers(aten.remainder.Tensor, aten.remainder.Scalar, aten.remainder.Scalar_Tensor, promote=Promote.DEFAULT)
