@@ -77,8 +77,28 @@ def eligible(op, mode: str) -> bool:
     return dtype in op.supported_dtypes("cpu")
 
 
-def _call(op, sample):
-    return op(sample.input, *sample.args, **sample.kwargs)
+def _call(op, sample, opmath_reference=False):
+    """op on the sample; `opmath_reference`: low-precision float tensors computed in float32, rounded once."""
+    if not opmath_reference:
+        return op(sample.input, *sample.args, **sample.kwargs)
+    low = (torch.bfloat16, torch.float16)
+    dtypes = {t.dtype for t in pytree.tree_leaves((sample.input, sample.args, sample.kwargs))
+              if isinstance(t, torch.Tensor) and t.dtype in low}
+    wide = sample.transform(lambda t: t.float() if isinstance(t, torch.Tensor) and t.dtype in low else t)
+    out = op(wide.input, *wide.args, **wide.kwargs)
+    if len(dtypes) != 1:
+        return out
+    (dtype,) = dtypes
+    return pytree.tree_map(lambda t: t.to(dtype) if isinstance(t, torch.Tensor) and t.dtype == torch.float32 else t,
+                           out)
+
+
+def _default_device(sample):
+    """A sample with no tensors (a factory call without device=) makes its result on tpu."""
+    import contextlib
+
+    has_tensor = any(isinstance(t, torch.Tensor) for t in pytree.tree_leaves((sample.input, sample.args, sample.kwargs)))
+    return contextlib.nullcontext() if has_tensor or "device" in sample.kwargs else torch.device("tpu")
 
 
 def _inputs_requiring_grad(sample):
@@ -186,7 +206,7 @@ def _failure(err: Exception, index: int, ran: int, verbose: bool) -> Outcome:
 
 
 def run_entry(op, mode: str, samples: int = SAMPLES, tol=None, metadata_only=False, samples_on_tpu=False,
-              canonical=None, verbose=False) -> Outcome:
+              canonical=None, opmath_reference=False, verbose=False) -> Outcome:
     """Run one op_db entry in one mode on tpu and CPU; classify it.
 
     Samples are made on the CPU (fast) and copied to tpu, with a `device=`
@@ -196,7 +216,9 @@ def run_entry(op, mode: str, samples: int = SAMPLES, tol=None, metadata_only=Fal
     `canonical(sample, result)`, if given, maps both results to a form that is
     defined uniquely (e.g. sort indices -> the values they select) before comparing.
     `metadata_only` (a bool, or a predicate of the sample) compares only dtype, shape
-    and device (random or uninitialised values).
+    and device (random or uninitialised values). `opmath_reference` (bfloat16 forward): the CPU
+    reference computes the sample upcast to float32 and rounds its result once, for ops whose
+    CPU kernel rounds intermediates to bfloat16 where we (and PyTorch's CUDA kernels) round once.
     """
     from torch_tpu.config import config
 
@@ -227,7 +249,7 @@ def run_entry(op, mode: str, samples: int = SAMPLES, tol=None, metadata_only=Fal
                     if expected is None:
                         continue
                 else:
-                    expected = sample.output_process_fn_grad(_call(op, cpu_sample))
+                    expected = sample.output_process_fn_grad(_call(op, cpu_sample, opmath_reference))
                     if canonical is not None:
                         expected = canonical(cpu_sample, expected)
             except Exception as err:  # CPU rejects this sample: it does not count
@@ -253,7 +275,8 @@ def run_entry(op, mode: str, samples: int = SAMPLES, tol=None, metadata_only=Fal
                     if actual is None:
                         return _done(start, Outcome("error", f"sample {index}: no differentiable tpu outputs", ran))
                 else:
-                    actual = sample.output_process_fn_grad(_call(op, tpu_sample))
+                    with _default_device(tpu_sample):
+                        actual = sample.output_process_fn_grad(_call(op, tpu_sample))
                     if canonical is not None:
                         actual = canonical(tpu_sample, actual)
                 compare(actual, expected, atol, rtol, random_values)
@@ -393,7 +416,8 @@ def _tol_for(tol: dict, name: str, mode: str):
 
 
 def run_mode(mode: str, samples: int = SAMPLES, skip=None, xfail=None, tol=None, metadata_only=None,
-             samples_on_tpu=(), canonical=None, names=None, verbose=False, progress=None) -> dict:
+             samples_on_tpu=(), canonical=None, opmath_reference=(), names=None, verbose=False,
+             progress=None) -> dict:
     """{entry name: Outcome} for every op_db entry eligible in `mode`.
 
     Tables (name -> value; xfail and tol also take (name, mode) keys): skip and xfail
@@ -418,13 +442,16 @@ def run_mode(mode: str, samples: int = SAMPLES, skip=None, xfail=None, tol=None,
         outcome = run_entry(op, mode, samples, tol=_tol_for(tol, name, mode),
                             metadata_only=_metadata_rule(metadata_only.get(name)),
                             samples_on_tpu=name in samples_on_tpu,
-                            canonical=canonical[name][1] if name in canonical else None, verbose=verbose)
+                            canonical=canonical[name][1] if name in canonical else None,
+                            opmath_reference=mode == "bfloat16" and name in opmath_reference, verbose=verbose)
         expected_failure = _tol_for(xfail, name, mode)
         if outcome.status == "pass" and name in metadata_only:
             rule = metadata_only[name]
             outcome.reason = rule if isinstance(rule, str) else rule[0]
         elif outcome.status == "pass" and name in canonical:
             outcome.reason = canonical[name][0]
+        elif outcome.status == "pass" and mode == "bfloat16" and name in opmath_reference:
+            outcome.reason = f"compared with CPU's float32 result rounded once: {opmath_reference[name]}"
         elif outcome.status != "pass" and expected_failure:
             outcome.reason = f"XFAIL ({expected_failure}): {outcome.reason}"
         results[name] = outcome
@@ -617,7 +644,7 @@ def main(argv=None):
             print(f"{o.status:9s} {o.seconds:6.2f}s {name:45s} {o.reason}", flush=True)
 
     results = run_mode(args.mode, args.samples, t.SKIP, t.XFAIL, t.TOL, t.METADATA_ONLY, t.SAMPLES_ON_TPU, t.CANONICAL,
-                       names=args.op,
+                       t.OPMATH_REFERENCE, names=args.op,
                        verbose=args.verbose, progress=progress)
     print(summary_line(args.mode, results))
 

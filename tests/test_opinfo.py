@@ -83,6 +83,21 @@ SAMPLES_ON_TPU = {
 
 
 
+_ROUNDS = "PyTorch's CPU kernel rounds intermediates to bfloat16; we compute in float32 and round once (as its CUDA kernel)"
+
+# bfloat16 entries compared with the CPU's float32 result of the same (bfloat16-valued) inputs, rounded once:
+# measured, their CPU bfloat16 kernel differs from that exactly-rounded result by more than the tolerance,
+# and ours does not (tests/test_op_regressions.py checks the rule on each).
+OPMATH_REFERENCE = {
+    name: _ROUNDS
+    for name in (
+        "addr", "nn.functional.adaptive_avg_pool3d", "nn.functional.binary_cross_entropy_with_logits",
+        "nn.functional.conv_transpose2d", "nn.functional.conv_transpose3d", "nn.functional.instance_norm",
+        "nn.functional.interpolate.bicubic", "nn.functional.interpolate.trilinear", "nn.functional.interpolate.area",
+    )
+}
+
+
 def _dim(sample, name="dim", position=0, default=-1):
     if name in sample.kwargs:
         return sample.kwargs[name]
@@ -107,7 +122,7 @@ CANONICAL = {
 
 def _sweep(mode, samples):
     results = sweep.run_mode(mode, samples=samples, skip=SKIP, xfail=XFAIL, tol=TOL, metadata_only=METADATA_ONLY,
-                             samples_on_tpu=SAMPLES_ON_TPU, canonical=CANONICAL)
+                             samples_on_tpu=SAMPLES_ON_TPU, canonical=CANONICAL, opmath_reference=OPMATH_REFERENCE)
     print()
     print(sweep.summary_line(mode, results))
     return results
