@@ -146,22 +146,27 @@ _LOW = (jnp.bfloat16, jnp.float16)
 def _div_floor(x, y):
     """PyTorch's div_floor_floating (c10/util/generic_math.h): floor(x / y) through fmod, exact at ties.
 
-    Low-precision floats compute in float32 and round once, as PyTorch's CPU kernel does.
+    Low-precision floats: PyTorch's CPU kernel computes each step in float32 and rounds it to the
+    input dtype (Vectorized<BFloat16> arithmetic); so do we (reduce_precision: XLA would fold a
+    float32 -> bfloat16 -> float32 convert pair away).
     """
     low = x.dtype if x.dtype in _LOW else None
-    if low is not None:
+    if low is None:
+        r = lambda v: v  # noqa: E731
+    else:
+        info = jnp.finfo(low)
         x, y = x.astype(jnp.float32), y.astype(jnp.float32)
-    mod = jnp.fmod(x, y)
-    div = (x - mod) / y
-    div = jnp.where((mod != 0) & ((y < 0) != (mod < 0)), div - 1, div)
+        r = lambda v: lax.reduce_precision(v, info.nexp, info.nmant)  # noqa: E731
+    mod = r(jnp.fmod(x, y))
+    div = r(r(x - mod) / y)
+    div = jnp.where((mod != 0) & ((y < 0) != (mod < 0)), r(div - 1), div)
     floor = jnp.floor(div)
-    floor = jnp.where(div - floor > 0.5, floor + 1, floor)
+    floor = jnp.where(r(div - floor) > 0.5, r(floor + 1), floor)
     out = jnp.where(div != 0, floor, jnp.copysign(jnp.zeros_like(div), x / y))
-    out = jnp.where(y == 0, x / y, out)
+    out = jnp.where(y == 0, r(x / y), out)
     return out if low is None else out.astype(low)
 
 
-# NO_OPMATH: bfloat16/float16 arrive in their own dtype (the trunc mode rounds its quotient to it).
 @lowers(aten.div.Tensor_mode, aten.div.Scalar_mode, promote=Promote.NO_OPMATH, promote_args=_BINARY)
 def div_mode(x, y, rounding_mode=None):
     if rounding_mode is None:
@@ -183,7 +188,7 @@ def div_mode(x, y, rounding_mode=None):
     return jnp.trunc(q).astype(x.dtype)
 
 
-@lowers(aten.floor_divide.default, aten.floor_divide.Scalar, promote=Promote.DEFAULT)
+@lowers(aten.floor_divide.default, aten.floor_divide.Scalar, promote=Promote.NO_OPMATH)
 def floor_divide(x, y):
     return jnp.floor_divide(x, y) if jnp.issubdtype(x.dtype, jnp.integer) else _div_floor(x, y)
 

@@ -39,8 +39,8 @@ def linspace_out(start, end, steps, out):
     if steps == 1:
         return jnp.full((1,), start).astype(out.dtype)
     if jnp.issubdtype(out.dtype, jnp.floating):
-        # PyTorch's CPU kernel: start/end rounded to the result dtype, the step and the values in its
-        # opmath type (float32 for bfloat16/float16/float32), each value rounded once.
+        # PyTorch's CPU kernel: start/end rounded to the result dtype, the step in its opmath type
+        # (float32 for bfloat16/float16/float32), each value rounded once.
         wide = jnp.float64 if out.dtype == jnp.float64 else jnp.float32
         start, end = (jnp.asarray(v, out.dtype).astype(wide) for v in (start, end))
     else:
