@@ -11,7 +11,9 @@ import jax.numpy as jnp
 from jax import lax
 from jax.scipy import special as jsp
 
-from torch_tpu.ops.registry import Promote, aten, lower_table, lowers
+import torch
+
+from torch_tpu.ops.registry import Promote, aten, lower_table, lowers, prepare
 
 # ---------------------------------------------------------------- unary, float results
 lower_table(
@@ -310,6 +312,21 @@ lower_table(
     },
     promote=Promote.DEFAULT,
 )
+
+
+@prepare(aten.__lshift__.Tensor, aten.__lshift__.Scalar, aten.__rshift__.Tensor, aten.__rshift__.Scalar,
+         aten.bitwise_left_shift.Tensor, aten.bitwise_left_shift.Tensor_Scalar,
+         aten.bitwise_right_shift.Tensor, aten.bitwise_right_shift.Tensor_Scalar)
+def _bool_shift_arguments(x, other):
+    """A bool tensor shifted by an integer promotes first, as PyTorch's CPU kernel does (bool << 1 is int64);
+    PyTorch's meta kernel checks the unpromoted dtype and would refuse it."""
+    if isinstance(x, torch.Tensor) and x.dtype == torch.bool:
+        wide = torch.result_type(x, other)
+        if wide != torch.bool:
+            x = x.to(wide)
+    return (x, other), {}
+
+
 # `a <<= b` is __ilshift__, which has no functional counterpart to derive it from.
 lower_table(
     {
