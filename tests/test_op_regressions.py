@@ -130,6 +130,14 @@ def test_opmath_reference_entries_round_once():
         assert outcome.status == "pass", (name, outcome.reason)
 
 
+def test_complex32_and_sparse_are_refused_with_a_clear_error():
+    """Documented in docs/ops.md: complex32 has no XLA type; tpu storage is dense (PyTorch's dispatcher error)."""
+    with pytest.raises(TypeError, match="complex32"):
+        torch.zeros(3, dtype=torch.complex32, device=TPU)
+    with pytest.raises(NotImplementedError, match="Sparsetpu"):
+        torch.randn(3, 3, device=TPU).to_sparse()
+
+
 # Every sample of the OpInfo entries each failure came from, through the sweep engine.
 _ENTRIES = [
     ("softmax", "float32"), ("log_softmax", "float32_backward"), ("nn.functional.softmin", "float32"),
