@@ -48,6 +48,9 @@ TOL: dict = {
     # PyTorch's CPU addbmm rounds the running sum to bfloat16 after each batch's product (5 roundings of
     # values up to ~200); we accumulate the whole sum in float32 and round once.
     ("addbmm", "bfloat16"): (1.0, 1.6e-2),
+    # A sample normalising over one element: the exact input gradient is 0 (ours); PyTorch's CPU kernel leaves
+    # float32 noise in x - mean, amplified by rstd = 1/sqrt(eps) (~1.2e-4).
+    ("nn.functional.layer_norm", "float32_backward"): (3e-4, 1e-4),
 }
 
 # Entries whose values are random or uninitialised: only result dtype, shape and device are compared
