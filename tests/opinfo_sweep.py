@@ -35,8 +35,9 @@ from torch.utils import _pytree as pytree
 
 SAMPLES = 3
 # The heavy sweep's samples per entry (default SAMPLES): later samples hold PyTorch's edge cases
-# (0-d and empty tensors, broadcasting masks, short padding forms), so the value modes run 10.
-SAMPLES_BY_MODE = {"float32": 10, "float32_backward": 10, "bfloat16": 10, "float32_variants": 1}
+# (0-d and empty tensors, broadcasting masks, short padding forms), so float32 forward runs 10.
+# Backward and bfloat16 stay at 3 within CI's time budget (10 there needs the sweep split across processes).
+SAMPLES_BY_MODE = {"float32": 10, "float32_variants": 1}
 
 MODES = {  # mode -> (dtype, backward)
     "float32": (torch.float32, False),
