@@ -97,6 +97,22 @@ class _Call:
         return f"_Call({self.op})"
 
 
+def _to_cpu(value):
+    if isinstance(value, torch.Tensor):
+        return value.cpu()
+    if isinstance(value, (tuple, list)):
+        return type(value)(_to_cpu(v) for v in value)
+    return value
+
+
+def _leaves(out):
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (tuple, list)):
+        return [t for o in out for t in _leaves(o)]
+    return []
+
+
 def _first_tensor(out):
     return out[0] if isinstance(out, (tuple, list)) else out
 
@@ -126,6 +142,16 @@ def test_cuda_autocast_lists(amp_dtype, op, args, kwargs, module, out_type):
     # Autocast only casts: the same op on inputs cast by hand (autocast off) gives the same bits.
     same = _same(out, call(cast_to=run_as))
     assert same, f"{op}: autocast result differs from casting the inputs to {run_as} by hand"
+    # And the values are PyTorch's: the CPU runs the op on the same inputs cast by hand (an oracle of its own).
+    cpu_call = _Call(op, module, _to_cpu(call.args), kwargs)
+    expected = cpu_call(cast_to=run_as)
+    low = run_as in (torch.bfloat16, torch.float16)
+    # PyTorch's CPU addbmm rounds its running sum to the low dtype after each batch; we round once
+    # (tests/test_opinfo.py TOL has the same entry).
+    atol = (0.1 if op == "addbmm" else 2e-2) if low else 1e-4
+    for a, e in zip(_leaves(out), _leaves(expected)):
+        torch.testing.assert_close(a.cpu().double(), e.double(), atol=atol, rtol=2e-2 if low else 1e-4,
+                                   equal_nan=True, msg=lambda m: f"{op}: autocast differs from CPU: {m[:200]}")
 
 
 def test_banned_like_cuda():

@@ -48,6 +48,9 @@ TOL: dict = {
     # PyTorch's CPU addbmm rounds the running sum to bfloat16 after each batch's product (5 roundings of
     # values up to ~200); we accumulate the whole sum in float32 and round once.
     ("addbmm", "bfloat16"): (1.0, 1.6e-2),
+    # A sample normalising over one element: the exact input gradient is 0 (ours); PyTorch's CPU kernel leaves
+    # float32 noise in x - mean, amplified by rstd = 1/sqrt(eps) (~1.2e-4).
+    ("nn.functional.layer_norm", "float32_backward"): (3e-4, 1e-4),
 }
 
 # Entries whose values are random or uninitialised: only result dtype, shape and device are compared
@@ -83,6 +86,21 @@ SAMPLES_ON_TPU = {
 
 
 
+_ROUNDS = "PyTorch's CPU kernel rounds intermediates to bfloat16; we compute in float32 and round once (as its CUDA kernel)"
+
+# bfloat16 entries compared with the CPU's float32 result of the same (bfloat16-valued) inputs, rounded once:
+# measured, their CPU bfloat16 kernel differs from that exactly-rounded result by more than the tolerance,
+# and ours does not (tests/test_op_regressions.py checks the rule on each).
+OPMATH_REFERENCE = {
+    name: _ROUNDS
+    for name in (
+        "addr", "nn.functional.adaptive_avg_pool3d", "nn.functional.binary_cross_entropy_with_logits",
+        "nn.functional.conv_transpose2d", "nn.functional.conv_transpose3d", "nn.functional.instance_norm",
+        "nn.functional.interpolate.bicubic", "nn.functional.interpolate.trilinear", "nn.functional.interpolate.area",
+    )
+}
+
+
 def _dim(sample, name="dim", position=0, default=-1):
     if name in sample.kwargs:
         return sample.kwargs[name]
@@ -105,9 +123,13 @@ CANONICAL = {
 }
 
 
+TABLES = {"SKIP": SKIP, "XFAIL": XFAIL, "TOL": TOL, "METADATA_ONLY": METADATA_ONLY, "CANONICAL": CANONICAL,
+          "OPMATH_REFERENCE": OPMATH_REFERENCE, "SAMPLES_ON_TPU": SAMPLES_ON_TPU}
+
+
 def _sweep(mode, samples):
     results = sweep.run_mode(mode, samples=samples, skip=SKIP, xfail=XFAIL, tol=TOL, metadata_only=METADATA_ONLY,
-                             samples_on_tpu=SAMPLES_ON_TPU, canonical=CANONICAL)
+                             samples_on_tpu=SAMPLES_ON_TPU, canonical=CANONICAL, opmath_reference=OPMATH_REFERENCE)
     print()
     print(sweep.summary_line(mode, results))
     return results
@@ -124,9 +146,18 @@ def test_opinfo_sweep(mode):
     sweep.check_xfail(mode, results, XFAIL)
 
 
+# The quick run's floor sits just under its measured rate (99.1% of entries on one sample).
+QUICK_FLOOR = 0.97
+
+
+def test_opinfo_exemption_tables_ratchet():
+    """No entry moves into SKIP/XFAIL/TOL/METADATA_ONLY/CANONICAL/OPMATH_REFERENCE unreviewed."""
+    sweep.check_tables(TABLES)
+
+
 def test_opinfo_float32_forward_quick():
-    """One sample per op_db entry, float32 forward: >= 60% native, and no baseline pass regresses."""
+    """One sample per op_db entry, float32 forward: near the measured rate, and no baseline pass regresses."""
     results = _sweep("float32", 1)
     stats = sweep.stats(results)
-    assert stats["pass"] / stats["eligible"] >= 0.60, sweep.summary_line("float32", results)
+    assert stats["pass"] / stats["eligible"] >= QUICK_FLOOR, sweep.summary_line("float32", results)
     sweep.check_ratchet("float32", results, quick=True)

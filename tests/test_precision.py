@@ -446,6 +446,9 @@ def test_helper_dtypes(torch_default):
     assert precision.matmul(a, a.T, accumulator=True).dtype == jnp.float32  # unrounded, for a bias add
     f = jnp.asarray(np.random.default_rng(0).standard_normal((8, K)), jnp.float32)
     np.testing.assert_array_equal(np.asarray(precision.matmul_f32(f, f.T)), np.asarray(precision.matmul(f, f.T)))
+    ft = torch.from_numpy(np.asarray(f))  # the oracle: CPU's product of the bfloat16-rounded operands, in float32
+    torch.testing.assert_close(_torch(precision.matmul_f32(f, f.T)), bf16_product(torch.mm, ft, ft.T),
+                               rtol=2e-5, atol=2e-5)
     i = jnp.arange(12, dtype=jnp.int32).reshape(3, 4)
     out = precision.matmul(i, i.T)
     assert out.dtype == jnp.int32

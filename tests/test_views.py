@@ -149,7 +149,7 @@ def test_out_variant_resizes():
 
 def test_views_at_a_known_offset_read_and_write_like_a_runtime_offset():
     """strided.read/write with the offset a Python int (DeferAndFuse's constants: a slice of the buffer
-    cut into blocks) give what they give with the same offset as a runtime scalar (padded window)."""
+    cut into blocks) and with the same offset as a runtime scalar (padded window) both give NumPy's strided view."""
     import itertools
 
     import jax
@@ -167,8 +167,15 @@ def test_views_at_a_known_offset_read_and_write_like_a_runtime_offset():
         extent = 1 + sum((n - 1) * s for n, s in zip(sizes, strides))
         if offset + extent > buf.shape[0]:
             continue
+        # The oracle: NumPy's own strided view of the same buffer (byte strides).
+        host = np.array(buf)
+        view = np.lib.stride_tricks.as_strided(host[offset:], sizes, tuple(4 * s for s in strides))
         runtime = jax.jit(lambda b, o: strided.read(b, sizes, strides, o))(buf, jnp.int64(offset))
-        np.testing.assert_array_equal(strided.read(buf, sizes, strides, offset), runtime)
+        np.testing.assert_array_equal(runtime, view)
+        np.testing.assert_array_equal(strided.read(buf, sizes, strides, offset), view)
         value = -jnp.arange(np.prod(sizes), dtype=jnp.float32).reshape(sizes) - 1
+        written = np.array(buf)
+        np.lib.stride_tricks.as_strided(written[offset:], sizes, tuple(4 * s for s in strides))[...] = np.array(value)
         runtime = jax.jit(lambda b, v, o: strided.write(b, v, sizes, strides, o))(buf, value, jnp.int64(offset))
-        np.testing.assert_array_equal(strided.write(buf, value, sizes, strides, offset), runtime)
+        np.testing.assert_array_equal(runtime, written)
+        np.testing.assert_array_equal(strided.write(buf, value, sizes, strides, offset), written)

@@ -55,12 +55,26 @@ def _weight_grad(x, grad, kernel, stride, padding, dilation, groups):
                     dimension_numbers=_WEIGHT_GRAD[nd], batch_group_count=groups)
 
 
+def _spatial(nd, *params):
+    """stride/padding/dilation/output_padding, one number per spatial dim.
+
+    PyTorch's kernels accept a single number for every dim (`padding=(1,)` on a conv3d) and
+    expand it (expand_param_if_needed); lax wants one per dim.
+    """
+    out = []
+    for p in params:
+        p = tuple(p) if isinstance(p, (tuple, list)) else (p,)
+        out.append(p * nd if len(p) == 1 else p)
+    return out
+
+
 def _bias_shape(x):
     return (1, -1) + (1,) * (x.ndim - 2)
 
 
 @lowers(aten.convolution.default, aten.convolution_overrideable.default, precision=True)
 def convolution(x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
+    stride, padding, dilation, output_padding = _spatial(x.ndim - 2, stride, padding, dilation, output_padding)
     if transposed:
         out = _conv_transpose(x, w, stride, padding, dilation, output_padding, groups)
     else:
@@ -74,6 +88,7 @@ def convolution(x, w, bias, stride, padding, dilation, transposed, output_paddin
 @lowers(aten.convolution_backward.default, precision=True)
 def convolution_backward(grad, x, w, bias_sizes, stride, padding, dilation, transposed, output_padding, groups,
                          output_mask):
+    stride, padding, dilation, output_padding = _spatial(x.ndim - 2, stride, padding, dilation, output_padding)
     kernel = w.shape[2:]
     grad_input = grad_weight = grad_bias = None
     if transposed:

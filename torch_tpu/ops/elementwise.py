@@ -11,7 +11,9 @@ import jax.numpy as jnp
 from jax import lax
 from jax.scipy import special as jsp
 
-from torch_tpu.ops.registry import Promote, aten, lower_table, lowers
+import torch
+
+from torch_tpu.ops.registry import Promote, aten, lower_table, lowers, prepare
 
 # ---------------------------------------------------------------- unary, float results
 lower_table(
@@ -140,7 +142,34 @@ def div(x, y):
     return x / y
 
 
-@lowers(aten.div.Tensor_mode, aten.div.Scalar_mode, promote=Promote.DEFAULT, promote_args=_BINARY)
+_LOW = (jnp.bfloat16, jnp.float16)
+
+
+def _div_floor(x, y):
+    """PyTorch's div_floor_floating (c10/util/generic_math.h): floor(x / y) through fmod, exact at ties.
+
+    Low-precision floats: PyTorch's CPU kernel computes each step in float32 and rounds it to the
+    input dtype (Vectorized<BFloat16> arithmetic); so do we (reduce_precision: XLA would fold a
+    float32 -> bfloat16 -> float32 convert pair away).
+    """
+    low = x.dtype if x.dtype in _LOW else None
+    if low is None:
+        r = lambda v: v  # noqa: E731
+    else:
+        info = jnp.finfo(low)
+        x, y = x.astype(jnp.float32), y.astype(jnp.float32)
+        r = lambda v: lax.reduce_precision(v, info.nexp, info.nmant)  # noqa: E731
+    mod = r(jnp.fmod(x, y))
+    div = r(r(x - mod) / y)
+    div = jnp.where((mod != 0) & ((y < 0) != (mod < 0)), r(div - 1), div)
+    floor = jnp.floor(div)
+    floor = jnp.where(r(div - floor) > 0.5, r(floor + 1), floor)
+    out = jnp.where(div != 0, floor, jnp.copysign(jnp.zeros_like(div), x / y))
+    out = jnp.where(y == 0, r(x / y), out)
+    return out if low is None else out.astype(low)
+
+
+@lowers(aten.div.Tensor_mode, aten.div.Scalar_mode, promote=Promote.NO_OPMATH, promote_args=_BINARY)
 def div_mode(x, y, rounding_mode=None):
     if rounding_mode is None:
         return x / y
@@ -150,13 +179,20 @@ def div_mode(x, y, rounding_mode=None):
             return jnp.floor_divide(x, y)
         q = lax.div(x, jnp.where(y == 0, 1, y))
         return q
-    q = x / y
-    return jnp.floor(q) if rounding_mode == "floor" else jnp.trunc(q)
+    if rounding_mode == "floor":
+        return _div_floor(x, y)
+    if x.dtype not in _LOW:
+        return jnp.trunc(x / y)
+    # PyTorch's CPU kernel rounds the quotient to the input dtype before truncating it (reduce_precision:
+    # XLA folds a float32 -> bfloat16 -> float32 convert pair away).
+    info = jnp.finfo(x.dtype)
+    q = lax.reduce_precision(x.astype(jnp.float32) / y.astype(jnp.float32), info.nexp, info.nmant)
+    return jnp.trunc(q).astype(x.dtype)
 
 
-@lowers(aten.floor_divide.default, aten.floor_divide.Scalar, promote=Promote.DEFAULT)
+@lowers(aten.floor_divide.default, aten.floor_divide.Scalar, promote=Promote.NO_OPMATH)
 def floor_divide(x, y):
-    return jnp.floor_divide(x, y) if jnp.issubdtype(x.dtype, jnp.integer) else jnp.floor(x / y)
+    return jnp.floor_divide(x, y) if jnp.issubdtype(x.dtype, jnp.integer) else _div_floor(x, y)
 
 
 @lowers(aten.remainder.Tensor, aten.remainder.Scalar, aten.remainder.Scalar_Tensor, promote=Promote.DEFAULT)
@@ -276,6 +312,21 @@ lower_table(
     },
     promote=Promote.DEFAULT,
 )
+
+
+@prepare(aten.__lshift__.Tensor, aten.__lshift__.Scalar, aten.__rshift__.Tensor, aten.__rshift__.Scalar,
+         aten.bitwise_left_shift.Tensor, aten.bitwise_left_shift.Tensor_Scalar,
+         aten.bitwise_right_shift.Tensor, aten.bitwise_right_shift.Tensor_Scalar)
+def _bool_shift_arguments(x, other):
+    """A bool tensor shifted by an integer promotes first, as PyTorch's CPU kernel does (bool << 1 is int64);
+    PyTorch's meta kernel checks the unpromoted dtype and would refuse it."""
+    if isinstance(x, torch.Tensor) and x.dtype == torch.bool:
+        wide = torch.result_type(x, other)
+        if wide != torch.bool:
+            x = x.to(wide)
+    return (x, other), {}
+
+
 # `a <<= b` is __ilshift__, which has no functional counterpart to derive it from.
 lower_table(
     {

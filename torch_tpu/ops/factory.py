@@ -38,8 +38,16 @@ def arange_out(start, end, step, out):
 def linspace_out(start, end, steps, out):
     if steps == 1:
         return jnp.full((1,), start).astype(out.dtype)
-    step = (end - start) / (steps - 1)
-    i = jnp.arange(steps, dtype=jnp.float64)
+    if jnp.issubdtype(out.dtype, jnp.floating):
+        # PyTorch's CPU kernel: start/end rounded to the result dtype, the step in its opmath type
+        # (float32 for bfloat16/float16/float32), each value rounded once.
+        wide = jnp.float64 if out.dtype == jnp.float64 else jnp.float32
+        start, end = (jnp.asarray(v, out.dtype).astype(wide) for v in (start, end))
+    else:
+        wide = jnp.float64
+        start, end = jnp.asarray(start, wide), jnp.asarray(end, wide)
+    step = (end - start) / jnp.asarray(steps - 1, wide)
+    i = jnp.arange(steps, dtype=wide)
     # PyTorch fills the first half forwards from start and the second half backwards from end.
     half = steps // 2
     values = jnp.where(i < half, start + step * i, end - step * (steps - 1 - i))

@@ -44,8 +44,13 @@ def index_put(x, indices, values, accumulate=False, unsafe=False):
 
 @lowers(aten.masked_scatter.default)
 def masked_scatter(x, mask, source):
-    """Masked positions of x take source's elements in order (no size needed: a running count)."""
-    flat_mask = jnp.broadcast_to(mask, x.shape).reshape(-1)
+    """Masked positions of x take source's elements in order (no size needed: a running count).
+
+    x and mask broadcast against each other (the out-of-place op's result has their joint shape).
+    """
+    shape = jnp.broadcast_shapes(x.shape, mask.shape)
+    x = jnp.broadcast_to(x, shape)
+    flat_mask = jnp.broadcast_to(mask, shape).reshape(-1)
     src = source.reshape(-1)
     if src.shape[0] == 0:
         return x
@@ -87,6 +92,8 @@ def _full_index(index, dim):
 
 @lowers(aten.gather.default)
 def gather(x, dim, index, sparse_grad=False):
+    if index.size == 0:  # PyTorch skips the rank check for an empty index: nothing is read
+        return jnp.zeros(index.shape, x.dtype)
     if x.ndim == 0:
         return jnp.broadcast_to(x, index.shape)
     dim = dim % x.ndim
@@ -94,6 +101,8 @@ def gather(x, dim, index, sparse_grad=False):
 
 
 def _scatter(x, dim, index, src, reduce=None):
+    if index.size == 0:  # nothing written (PyTorch skips the rank check for an empty index)
+        return x
     if x.ndim == 0:
         x1 = x.reshape(1)
         return _scatter(x1, 0, index.reshape(-1), jnp.asarray(src).reshape(-1)[:1] if jnp.ndim(src) else src, reduce).reshape(())

@@ -8,6 +8,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from torch_tpu.ops._dims import axis
 from torch_tpu.ops.registry import aten, lowers
 
 _F32 = jnp.float32
@@ -20,24 +21,24 @@ def _opmath(x):
 # ---------------------------------------------------------------- softmax
 @lowers(aten._softmax.default)
 def softmax(x, dim, half_to_float=False):
-    return jax.nn.softmax(_opmath(x), axis=dim)
+    return jax.nn.softmax(_opmath(x), axis=axis(x, dim))
 
 
 @lowers(aten._log_softmax.default)
 def log_softmax(x, dim, half_to_float=False):
-    return jax.nn.log_softmax(_opmath(x), axis=dim)
+    return jax.nn.log_softmax(_opmath(x), axis=axis(x, dim))
 
 
 @lowers(aten._softmax_backward_data.default)
 def softmax_backward(grad, y, dim, input_dtype):
     g, y = _opmath(grad), _opmath(y)
-    return y * (g - jnp.sum(g * y, axis=dim, keepdims=True))
+    return y * (g - jnp.sum(g * y, axis=axis(y, dim), keepdims=True))
 
 
 @lowers(aten._log_softmax_backward_data.default)
 def log_softmax_backward(grad, y, dim, input_dtype):
     g, y = _opmath(grad), _opmath(y)
-    return g - jnp.exp(y) * jnp.sum(g, axis=dim, keepdims=True)
+    return g - jnp.exp(y) * jnp.sum(g, axis=axis(y, dim), keepdims=True)
 
 
 # ---------------------------------------------------------------- dropout
@@ -176,6 +177,7 @@ def embedding_bag_per_sample_weights_backward(grad, weight, indices, offsets, of
 def safe_softmax(x, dim, dtype=None):
     """Softmax whose fully masked (all -inf) rows are 0 instead of NaN (scaled_dot_product_attention's math path)."""
     a = _opmath(x) if dtype is None else x
+    dim = axis(x, dim)
     out = jax.nn.softmax(a, axis=dim)
     return jnp.where(jnp.all(a == -jnp.inf, axis=dim, keepdims=True), 0, out)
 

@@ -208,18 +208,25 @@ def logsumexp(x, dim, keepdim=False):
     return jax.nn.logsumexp(a, axis=_axes(x, dim), keepdims=keepdim)
 
 
+def _scan(fn, x, dim, dtype):
+    """cumsum/cumprod as PyTorch's CPU kernel: cast to `dtype` first, accumulate in its opmath type
+    (float32 for bfloat16/float16, int64 for integers), round each output once."""
+    if dtype is not None:
+        x = x.astype(dtypes.to_jax(dtype))
+    out_dtype = x.dtype if dtype is not None or jnp.issubdtype(x.dtype, jnp.inexact) else jnp.int64
+    acc = _acc(x)
+    out = acc if x.ndim == 0 else fn(acc, axis=dim)
+    return out.astype(out_dtype)
+
+
 @lowers(aten.cumsum.default)
 def cumsum(x, dim, dtype=None):
-    if x.ndim == 0:
-        return _acc(x, dtype)
-    return jnp.cumsum(_acc(x, dtype), axis=dim)
+    return _scan(jnp.cumsum, x, dim, dtype)
 
 
 @lowers(aten.cumprod.default)
 def cumprod(x, dim, dtype=None):
-    if x.ndim == 0:
-        return _acc(x, dtype)
-    return jnp.cumprod(_acc(x, dtype), axis=dim)
+    return _scan(jnp.cumprod, x, dim, dtype)
 
 
 @lowers(aten.linalg_vector_norm.default, static_scalars=True)
