@@ -184,6 +184,39 @@ def build(key, spec: OpSpec, lowering: Lowering, scalars: list, via_functional: 
     return program
 
 
+def returns(spec: OpSpec, prog: OpProgram, full: list, outs: list):
+    """What the op returns: `full` are its arguments, `outs` its fresh outputs (one per layout).
+
+    Shared by every consumer of programs (executors, the torch.compile backend), whatever
+    objects stand for tensors in `full` and `outs`.
+    """
+    rets = spec.returns
+    if len(rets) == 1:
+        kind, info = rets[0]
+        if kind == "arg":
+            return full[info]
+        if kind == "value":
+            return prog.values[0]
+        return outs if info else outs[0]
+    results = []
+    position = 0
+    counts = iter(prog.return_counts or ())
+    values = iter(prog.values)
+    for kind, info in rets:
+        if kind == "arg":
+            results.append(full[info])
+        elif kind == "value":
+            results.append(next(values))
+        elif info:
+            n = next(counts)
+            results.append(outs[position:position + n])
+            position += n
+        else:
+            results.append(outs[position])
+            position += 1
+    return tuple(results) if results else None
+
+
 def _meta_tensor(entry, offset):
     return torch.empty_strided(entry[2], entry[3], dtype=entry[1], device="meta")
 
