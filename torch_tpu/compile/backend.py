@@ -102,8 +102,49 @@ def decompositions() -> dict:
         functional = opspec.functional_counterpart(op)
         if functional is not None and functional in lowered:
             continue
+        if graph.lowered_out_variant(op) is not None or graph.lowered_inplace_variant(op) is not None:
+            continue  # run through its lowered out= / in-place variant, as eager does (arange)
         table[op] = fn
+    for op, fn in _OWN.items():
+        if op not in lowered:
+            table[op] = fn
     return table
+
+
+# Factories torch._decomp leaves whole (PyTorch runs them as empty + an in-place fill): written
+# as the functional ops eager runs, so random factories draw the same numbers as in eager.
+def _full_like(x, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    return aten.full.default(x.shape, fill_value, dtype=dtype or x.dtype, device=device or x.device)
+
+
+def _rand_like(x, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    return aten.uniform.default(aten.empty.memory_format(x.shape, dtype=dtype or x.dtype, device=device or x.device))
+
+
+def _randn_like(x, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    empty = aten.empty.memory_format(x.shape, dtype=dtype or x.dtype, device=device or x.device)
+    return aten.normal_functional.default(empty)
+
+
+def _rand(size, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None):
+    empty = aten.empty.memory_format(size, dtype=dtype or torch.get_default_dtype(), device=device)
+    return aten.uniform.default(empty, generator=generator)
+
+
+def _randn(size, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None):
+    empty = aten.empty.memory_format(size, dtype=dtype or torch.get_default_dtype(), device=device)
+    return aten.normal_functional.default(empty, generator=generator)
+
+
+_OWN = {
+    aten.full_like.default: _full_like,
+    aten.rand_like.default: _rand_like,
+    aten.randn_like.default: _randn_like,
+    aten.rand.default: _rand,
+    aten.rand.generator: _rand,
+    aten.randn.default: _randn,
+    aten.randn.generator: _randn,
+}
 
 
 def tpu_backend(gm: torch.fx.GraphModule, example_inputs, **options):

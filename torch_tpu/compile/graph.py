@@ -87,6 +87,29 @@ class Value:
         self.meta = meta
 
 
+class HostValue:
+    """A CPU tensor while planning (an optimizer's `step` counts, their bias corrections).
+
+    CPU values are computed on the host, by PyTorch, before each launch (`Plan.host_steps`);
+    a 0-dim one read by a device op is a runtime scalar of the program.
+    """
+
+    __slots__ = ("index", "meta")
+
+    def __init__(self, index: int, meta: torch.Tensor):
+        self.index = index
+        self.meta = meta
+
+
+class HostRef:
+    """A runtime scalar of the program: element `k` of its host-scalar vector."""
+
+    __slots__ = ("k",)
+
+    def __init__(self, k: int):
+        self.k = k
+
+
 class Step:
     """One op program in the graph: global slots in/out and its scalars."""
 
@@ -116,6 +139,11 @@ class Plan:
         self.outputs: list = []  # per graph output: ("t", slot, entry, OutputMeta) | ("py", value)
         self.n_rng = 0
         self.level = level
+        self.n_host = 0  # host values (CPU placeholders, then results of host steps)
+        self.host_inputs: list[tuple[int, int]] = []  # (argument position, host index)
+        self.host_steps: list[tuple] = []  # (target, args, kwargs, out indices); mutating ones last
+        self.host_mutations: list[tuple] = []
+        self.host_scalars: list[int] = []  # host index of each runtime scalar the program reads
         self._build(gm, key)
         written = {s for step in self.steps for s in step.updated}
         self.mutated = [s for s in self.input_slots if s in written]  # input slots the graph writes
@@ -131,8 +159,12 @@ class Plan:
         env: dict = {}
         slot_of: dict[int, int] = {}  # argument slot index (within the key) -> plan slot
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-        for node, entry in zip(placeholders, args_key):
-            env[node] = self._input(entry, slot_of)
+        for position, (node, entry) in enumerate(zip(placeholders, args_key)):
+            if entry is not None and entry[0] == "H":
+                env[node] = self._host_value(torch.empty_strided(entry[2], entry[3], dtype=entry[1], device="meta"))
+                self.host_inputs.append((position, env[node].index))
+            else:
+                env[node] = self._input(entry, slot_of)
         for node in gm.graph.nodes:
             if node.op == "placeholder":
                 continue
@@ -166,7 +198,32 @@ class Plan:
             base = base.view(dtype)
         return Value(slot, base.as_strided(sizes, strides, offset))
 
+    def _host_value(self, meta) -> HostValue:
+        self.n_host += 1
+        return HostValue(self.n_host - 1, meta)
+
+    def _host_call(self, target, args, kwargs):
+        """A node over CPU tensors only: run by PyTorch on the host before each launch."""
+        result = target(*_metas(args), **_metas(kwargs))
+        out = _wrap_host(result, self)
+        record = (target, _host_refs(args), _host_refs(kwargs), _host_refs(out))
+        s = opspec.spec(target)
+        if s.writes:
+            self.host_mutations.append(record)
+        else:
+            self.host_steps.append(record)
+        return out
+
+    def _host_scalar(self, value: HostValue) -> HostRef:
+        if value.meta.dim() != 0 or value.meta.dtype.is_complex:
+            raise Unsupported("a CPU tensor that is not a real 0-dim scalar, read by a tpu op")
+        if value.index not in self.host_scalars:
+            self.host_scalars.append(value.index)
+        return HostRef(self.host_scalars.index(value.index))
+
     def _output(self, value):
+        if isinstance(value, HostValue):
+            return ("host", value.index)
         if not isinstance(value, Value):
             if isinstance(value, torch.Tensor):
                 raise Unsupported("a graph output that is not a tpu value")
@@ -181,6 +238,10 @@ class Plan:
             if target is operator.getitem:
                 return args[0][args[1]]
             return self._python(target, args, kwargs)
+        flat = _flat_outputs([list(args), list(kwargs.values())])
+        on_host = any(isinstance(v, HostValue) for v in flat)
+        if (on_host and not any(isinstance(v, Value) for v in flat)) or _host_factory(kwargs):
+            return self._host_call(target, args, kwargs)
         if target in EMPTY:
             meta = target(*_metas(args), **_metas(kwargs))
             slot = self._new_slot(meta.dtype, meta.untyped_storage().nbytes())
@@ -201,7 +262,24 @@ class Plan:
             return self._view(aten.view.default, [self._contiguous(args[0]), *args[1:]], kwargs)
         if not any(kind == "fresh" for kind, _ in s.returns):  # sym_size, sym_stride, ...: metadata
             return self._python(target, args, kwargs)
+        out_variant = lowered_out_variant(target)
+        if out_variant is not None:  # arange: eager runs its out= variant, so do we
+            return self._via_out(target, out_variant, args, kwargs)
+        inplace = lowered_inplace_variant(target)
+        if inplace is not None:  # normal_functional(x): normal_ on a copy of x
+            copy = self._lowered(aten.clone.default, registry.get(aten.clone.default), False, [args[0]], {})
+            return self._lowered(inplace, registry.get(inplace), False, [copy, *args[1:]], kwargs)
         raise Unsupported(f"{target} has no lowering and no decomposition")
+
+    def _via_out(self, op, out_variant, args, kwargs):
+        meta_kwargs = {k: ("meta" if k == "device" else v) for k, v in _metas(kwargs).items()}
+        meta = op(*_metas(args), **meta_kwargs)
+        slot = self._new_slot(meta.dtype, meta.untyped_storage().nbytes())
+        self.zero_slots.append(slot)
+        names = set(opspec.spec(out_variant).names)
+        out_kwargs = {k: v for k, v in kwargs.items() if k in names}
+        out_kwargs["out"] = Value(slot, meta)
+        return self._lowered(out_variant, registry.get(out_variant), False, args, out_kwargs)
 
     def _python(self, target, args, kwargs):
         """A node computing metadata (SymInt arithmetic, sym_size): evaluated now, on meta tensors."""
@@ -233,6 +311,9 @@ class Plan:
         entries, scalars, local_of, local_slots = [], [], {}, []
 
         def tensor_entry(v):
+            if isinstance(v, HostValue):  # a CPU scalar tensor: a runtime scalar, as in eager
+                scalars.append(self._host_scalar(v))
+                return (program_mod.CPU_SCALAR, v.meta.dtype)
             if not isinstance(v, Value):
                 raise Unsupported(f"{op}: a tensor argument that is not a tpu value")
             local = local_of.get(v.slot)
@@ -250,7 +331,7 @@ class Plan:
             if value is None or kind == Arg.GENERATOR:
                 entries.append(None)
             elif kind <= Arg.OPT_TENSOR:
-                if isinstance(value, Value):
+                if isinstance(value, (Value, HostValue)):
                     entries.append(tensor_entry(value))
                 elif type(value) in _NUMBERS:
                     entries.append((_SCALAR, type(value)))
@@ -279,7 +360,8 @@ class Plan:
             key = (*key, self.level)
         prog = _programs.get(key)
         if prog is None:
-            prog = program_mod.build(key, s, lowering, scalars, via_functional)
+            example = [0 if isinstance(v, HostRef) else v for v in scalars]
+            prog = program_mod.build(key, s, lowering, example, via_functional)
             if prog.resize:
                 raise Unsupported(f"{op} resizes an out= argument")
             _programs[key] = prog
@@ -307,7 +389,7 @@ class Plan:
         donated_slots = [s for s in read_slots if s in set(self.mutated)]
         kept_slots = [s for s in read_slots if s not in set(self.mutated)]
 
-        def graph(donated, kept, rng):
+        def graph(donated, kept, rng, host):
             bufs = [None] * len(layout)
             for s, array in zip(donated_slots, donated):
                 bufs[s] = array
@@ -316,7 +398,7 @@ class Plan:
             for s in (*self.unwritten, *self.zero_slots):
                 bufs[s] = jnp.zeros((layout[s][1],), layout[s][0])
             for step in self.steps:
-                scalars = list(step.scalars)
+                scalars = [host[v.k] if isinstance(v, HostRef) else v for v in step.scalars]
                 if step.rng is not None:
                     scalars.extend(_rng_words(rng, step.rng))
                 fresh, updated = step.prog.trace([bufs[s] for s in step.inputs], scalars)
@@ -335,6 +417,106 @@ class Plan:
 
         return graph, donated_slots, kept_slots
 
+    def run_host(self, args) -> tuple[list, list]:
+        """The host steps on this call's CPU arguments: (host values, the program's host scalars)."""
+        env = [None] * self.n_host
+        for position, index in self.host_inputs:
+            env[index] = args[position]
+        for target, a, k, out in self.host_steps:
+            _assign(env, out, target(*_host_args(a, env), **_host_args(k, env)))
+        scalars = [env[i].item() for i in self.host_scalars]
+        for target, a, k, out in self.host_mutations:
+            _assign(env, out, target(*_host_args(a, env), **_host_args(k, env)))
+        return env, scalars
+
+
+def _host_factory(kwargs) -> bool:
+    device = kwargs.get("device")
+    return device is not None and torch.device(device).type == "cpu"
+
+
+def _wrap_host(result, plan):
+    if isinstance(result, torch.Tensor):
+        return plan._host_value(result)
+    if isinstance(result, (list, tuple)):
+        return _same_kind(result, [_wrap_host(r, plan) for r in result])
+    return result
+
+
+def _host_refs(obj):
+    """A host step's arguments with host values as ("h", index) markers."""
+    if isinstance(obj, HostValue):
+        return _HostIndex(obj.index)
+    if isinstance(obj, Value):
+        raise Unsupported("a CPU op reading a tpu value (it would wait for the device)")
+    if isinstance(obj, (list, tuple)):
+        return _same_kind(obj, [_host_refs(o) for o in obj])
+    if isinstance(obj, dict):
+        return {k: _host_refs(v) for k, v in obj.items()}
+    return obj
+
+
+class _HostIndex(int):
+    """An index into a call's host values (see `_host_refs`)."""
+
+
+def _host_args(obj, env):
+    if type(obj) is _HostIndex:
+        return env[obj]
+    if isinstance(obj, (list, tuple)):
+        return _same_kind(obj, [_host_args(o, env) for o in obj])
+    if isinstance(obj, dict):
+        return {k: _host_args(v, env) for k, v in obj.items()}
+    return obj
+
+
+def _assign(env, out, result) -> None:
+    if type(out) is _HostIndex:
+        env[out] = result
+    elif isinstance(out, (list, tuple)):
+        for o, r in zip(out, result):
+            _assign(env, o, r)
+
+
+_OPTIONS = {"dtype", "layout", "device", "pin_memory", "memory_format"}
+
+
+def lowered_out_variant(op):
+    """The lowered out= variant of an op that has no lowering itself (aten.arange.start_step -> start_out), or None.
+
+    PyTorch's CompositeExplicitAutograd kernel of such an op allocates its result and calls the
+    out= variant; the variant takes the same arguments, less the tensor options.
+    """
+    if not op._schema.returns or op._schema.name.split("::")[0] != "aten":
+        return None
+    packet = getattr(aten, op._schema.name.split("::")[1], None)
+    if packet is None:
+        return None
+    names = [a.name for a in op._schema.arguments if a.name not in _OPTIONS]
+    for overload in packet.overloads():
+        variant = getattr(packet, overload)
+        s = opspec.spec(variant)
+        if not s.is_out or registry.get(variant) is None:
+            continue
+        if [n for i, n in enumerate(s.names) if i not in s.writes] == names:
+            return variant
+    return None
+
+
+def lowered_inplace_variant(op):
+    """The lowered in-place op of a functional op that has no lowering (normal_functional -> normal_), or None."""
+    namespace, name = op._schema.name.split("::")
+    if namespace != "aten":
+        return None
+    base = name[: -len("_functional")] if name.endswith("_functional") else name
+    packet = getattr(aten, base + "_", None)
+    variant = getattr(packet, op._overloadname, None) if packet is not None else None
+    if variant is None or registry.get(variant) is None:
+        return None
+    if [a.name for a in variant._schema.arguments] != [a.name for a in op._schema.arguments]:
+        return None
+    return variant
+
 
 def _rng_words(rng, k: int):
     """The (seed lo, seed hi, offset lo, offset hi) of the k-th random op: the call's offset + k, as in eager."""
@@ -348,25 +530,30 @@ def _concrete(value):
     if isinstance(value, torch.SymInt | torch.SymFloat | torch.SymBool):
         raise Unsupported("a symbolic value left in a specialised graph")
     if isinstance(value, (list, tuple)):
-        return type(value)(_concrete(v) for v in value)
+        return _same_kind(value, [_concrete(v) for v in value])
     return value
+
+
+def _same_kind(obj, items: list):
+    """`items` as a plain list or tuple, like `obj` (FX's immutable containers do not reach ops)."""
+    return items if isinstance(obj, list) else tuple(items)
 
 
 def _substitute(obj, env):
     if isinstance(obj, torch.fx.Node):
         return env[obj]
     if isinstance(obj, (list, tuple)):
-        return type(obj)(_substitute(o, env) for o in obj)
+        return _same_kind(obj, [_substitute(o, env) for o in obj])
     if isinstance(obj, dict):
         return {k: _substitute(v, env) for k, v in obj.items()}
     return obj
 
 
 def _metas(obj):
-    if isinstance(obj, Value):
+    if isinstance(obj, (Value, HostValue)):
         return obj.meta
     if isinstance(obj, (list, tuple)):
-        return type(obj)(_metas(o) for o in obj)
+        return _same_kind(obj, [_metas(o) for o in obj])
     if isinstance(obj, dict):
         return {k: _metas(v) for k, v in obj.items()}
     return obj
@@ -376,7 +563,7 @@ def _wrap(result, slot):
     if isinstance(result, torch.Tensor):
         return Value(slot, result)
     if isinstance(result, (list, tuple)):
-        return type(result)(_wrap(r, slot) for r in result)
+        return _same_kind(result, [_wrap(r, slot) for r in result])
     return result
 
 
@@ -438,12 +625,14 @@ class GraphFunction:
         donated = [_own(arrays[s]) for s in compiled.donated_slots]
         kept = [arrays[s] for s in compiled.kept_slots]
         rng = _take_rng(plan.n_rng, device)
+        env, host = plan.run_host(args) if plan.n_host else (None, None)
+        host = _host_vector(host, device)
         stats.calls += 1
         stats.donations += len(donated)
         for s in mutated:  # donated: the storages get the new buffers below
             arrays[s] = None
         try:
-            outs, updated = compiled.executable(donated, kept, rng)
+            outs, updated = compiled.executable(donated, kept, rng, host)
         except jax.errors.JaxRuntimeError as err:
             raise translate_runtime_error(err, f"a torch.compile graph ({self.name})") from None
         del donated
@@ -455,6 +644,8 @@ class GraphFunction:
             if out[0] == "t":
                 results.append(fresh[position])
                 position += 1
+            elif out[0] == "host":
+                results.append(env[out[1]])
             else:
                 results.append(out[1])
         return results
@@ -466,6 +657,9 @@ class GraphFunction:
         device = -1
         for a in args:
             if isinstance(a, torch.Tensor):
+                if a.device.type == "cpu":
+                    entries.append(("H", a.dtype, tuple(a.shape), tuple(a.stride())))
+                    continue
                 if a.device.type != "tpu":
                     return None, None, None, None
                 dtype, sizes, strides, offset, nbytes, index, address = _signature_of(a)
@@ -506,13 +700,14 @@ class GraphFunction:
         donated = [arrays[s] for s in donated_slots]
         kept = [arrays[s] for s in kept_slots]
         rng = _take_rng(0, device)  # only its shape and dtype matter while compiling
+        host = _host_vector([0.0] * len(plan.host_scalars), device)
         signature = None
         if plan.indexable:
             signature = ("torch.compile", self.code_hash, key, self.options.xla_flags)
         n_outputs = sum(1 for out in plan.outputs if out[0] == "t")
         out_tree = jax.tree_util.tree_structure(([0] * n_outputs, [0] * len(plan.mutated)))
-        self.options.dump_program(self, fn, sharding, (donated, kept, rng), len(self.compiled))
-        executable = program_mod.compile_indexed(fn, sharding, (donated, kept, rng), signature, out_tree,
+        self.options.dump_program(self, fn, sharding, (donated, kept, rng, host), len(self.compiled))
+        executable = program_mod.compile_indexed(fn, sharding, (donated, kept, rng, host), signature, out_tree,
                                                  donate_argnums=(0,))
         compiled = Compiled()
         compiled.plan = plan
@@ -537,6 +732,11 @@ class GraphFunction:
         args.clear()
         out = self.eager.run(*values)
         return list(out) if isinstance(out, (list, tuple)) else [out]
+
+
+def _host_vector(values, device: int):
+    """The program's host scalars (CPU scalar tensors' values) as one float64 vector: one transfer per call."""
+    return jax.device_put(np.asarray(values or (), np.float64), platform.get().devices[device])
 
 
 def _own(array):

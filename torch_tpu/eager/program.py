@@ -49,8 +49,8 @@ def tensor_entries(kind, entry) -> list:
         return []
     if kind in _TENSOR_KINDS:
         return [entry] if entry[0] == TENSOR else []
-    if kind in _LIST_KINDS:
-        return [e for e in entry if e is not None]
+    if kind in _LIST_KINDS:  # a list may hold 0-dim CPU tensors (runtime scalars) among its tensors
+        return [e for e in entry if e is not None and e[0] == TENSOR]
     return []
 
 
@@ -240,6 +240,13 @@ def _rebuild(spec: OpSpec, key_args, scalars, make_tensor, make_scalar, make_cpu
         offsets[(i, j)] = offset
         return make_tensor(entry, offset)
 
+    def element(i, j, entry):  # of a tensor list: a tensor, or a 0-dim CPU tensor (a runtime scalar)
+        nonlocal position
+        if entry[0] == CPU_SCALAR:
+            position += 1
+            return make_cpu(scalars[position - 1], entry[1])
+        return tensor(i, j, entry)
+
     for i, (kind, entry) in enumerate(zip(spec.kinds, key_args)):
         if entry is None or kind == Arg.GENERATOR:
             out.append(None)
@@ -253,7 +260,7 @@ def _rebuild(spec: OpSpec, key_args, scalars, make_tensor, make_scalar, make_cpu
             else:
                 out.append(tensor(i, 0, entry))
         elif kind in _LIST_KINDS:
-            out.append([None if e is None else tensor(i, j, e) for j, e in enumerate(entry)])
+            out.append([None if e is None else element(i, j, e) for j, e in enumerate(entry)])
         elif kind in (Arg.SCALAR, Arg.OPT_SCALAR) and type(entry) is tuple and entry[0] == SCALAR:
             out.append(make_scalar(scalars[position], entry[1]))
             position += 1
