@@ -619,13 +619,13 @@ class GraphFunction:
             compiled = self._compile(key, arrays)
             if compiled is None:
                 return self._run_eager(args)
-        args.clear()
         plan = compiled.plan
+        env, host = plan.run_host(args) if plan.n_host else (None, None)
+        args.clear()
         mutated = set(plan.mutated)
         donated = [_own(arrays[s]) for s in compiled.donated_slots]
         kept = [arrays[s] for s in compiled.kept_slots]
         rng = _take_rng(plan.n_rng, device)
-        env, host = plan.run_host(args) if plan.n_host else (None, None)
         host = _host_vector(host, device)
         stats.calls += 1
         stats.donations += len(donated)
@@ -708,7 +708,7 @@ class GraphFunction:
         out_tree = jax.tree_util.tree_structure(([0] * n_outputs, [0] * len(plan.mutated)))
         self.options.dump_program(self, fn, sharding, (donated, kept, rng, host), len(self.compiled))
         executable = program_mod.compile_indexed(fn, sharding, (donated, kept, rng, host), signature, out_tree,
-                                                 donate_argnums=(0,))
+                                                 donate_argnums=(0,), options=self.options.xla_flags)
         compiled = Compiled()
         compiled.plan = plan
         compiled.executable = executable

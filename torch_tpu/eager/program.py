@@ -434,7 +434,8 @@ def _rng_key(parts):
     return jax.random.fold_in(jax.random.fold_in(key, offset_lo), offset_hi)
 
 
-def compile_function(fn, sharding, args: tuple, donate_argnums: tuple = (), program_key: str | None = None):
+def compile_function(fn, sharding, args: tuple, donate_argnums: tuple = (), program_key: str | None = None,
+                     options: tuple = ()):
     """The executable of any traced function for one device, through the compile cache (cache/).
 
     The one compile entry point: op programs (below) and DeferAndFuse's fused
@@ -444,15 +445,15 @@ def compile_function(fn, sharding, args: tuple, donate_argnums: tuple = (), prog
     (device,) = sharding.device_set
     with compile_notice.watch(fn):  # one line if it takes long
         lowered = jax.jit(fn, out_shardings=sharding, donate_argnums=donate_argnums, keep_unused=True).lower(*args)
-        return cache.compile(lowered, device, program_key=program_key)
+        return cache.compile(lowered, device, program_key=program_key, options=options)
 
 
-def compile_indexed(fn, sharding, args: tuple, signature, out_tree, donate_argnums: tuple = ()):
+def compile_indexed(fn, sharding, args: tuple, signature, out_tree, donate_argnums: tuple = (), options: tuple = ()):
     """`compile_function`, recorded under the program key of `signature` (None: not indexable).
 
     A later process finds the executable by the signature alone, without tracing or
     lowering `fn`. `signature` must determine the program (see cache/key.py);
-    `out_tree` is the pytree of `fn`'s results.
+    `out_tree` is the pytree of `fn`'s results; `options`: XLA compile options (cache.compile).
     """
     (device,) = sharding.device_set
     program_key = cache.program_key(signature, device) if signature is not None and cache.settings().enabled else None
@@ -460,7 +461,7 @@ def compile_indexed(fn, sharding, args: tuple, signature, out_tree, donate_argnu
         executable = cache.lookup(program_key, device, jax.tree_util.tree_structure((args, {})), out_tree)
         if executable is not None:
             return executable
-    return compile_function(fn, sharding, args, donate_argnums, program_key=program_key)
+    return compile_function(fn, sharding, args, donate_argnums, program_key=program_key, options=options)
 
 
 def compile_program(program: OpProgram, sharding, slot_arrays, scalars):
