@@ -24,10 +24,7 @@ Does not own: what ops compute (ops/), op programs (eager/program.py), the cache
 from __future__ import annotations
 
 import hashlib
-import logging
-import math
 import operator
-import os
 import sys
 import warnings
 
@@ -44,7 +41,6 @@ from torch_tpu.ops import registry
 from torch_tpu.runtime import dtypes, platform, storage
 from torch_tpu.runtime.errors import translate_runtime_error
 
-log = logging.getLogger(__name__)
 aten = torch.ops.aten
 _TENSOR, _SCALAR, _SCALAR_LIST = program_mod.TENSOR, program_mod.SCALAR, program_mod.SCALAR_LIST
 _NUMBERS = (int, float, bool, complex)
@@ -75,6 +71,7 @@ class Stats:
 
 
 stats = Stats()
+metrics.add_section("torch.compile (backend tpu)", stats.as_dict)
 
 
 class Value:
@@ -584,7 +581,7 @@ _buffers = storage.buffers
 class Compiled:
     """One planned and compiled graph signature."""
 
-    __slots__ = ("plan", "executable", "donated_slots", "kept_slots", "layouts", "n_outputs")
+    __slots__ = ("plan", "executable", "donated_slots", "kept_slots", "layouts")
 
 
 class GraphFunction:
@@ -716,7 +713,6 @@ class GraphFunction:
         compiled.kept_slots = kept_slots
         compiled.layouts = tuple((m.sizes, m.strides, m.dtype) for out in plan.outputs if out[0] == "t"
                                  for m in [out[3]])
-        compiled.n_outputs = n_outputs
         self.compiled[key] = compiled
         return compiled
 
