@@ -20,11 +20,32 @@ def register() -> None:
     """Register `tpu_backend` with Dynamo as "tpu" (imports torch._dynamo; idempotent)."""
     from torch._dynamo.backends import registry
 
+    skip_library_frames()
     if registry._COMPILER_FNS.get("tpu") is tpu_backend:
         return
     registry._COMPILER_FNS.pop("tpu", None)
     registry._BACKENDS.pop("tpu", None)  # an entry point's placeholder: replaced by the function itself
     registry.register_backend(tpu_backend, name="tpu")
+
+
+_skipping = False
+
+
+def skip_library_frames() -> None:
+    """Tell Dynamo never to trace torch_tpu's and JAX's own frames (idempotent).
+
+    Eager tpu kernels are Python: an op run by eager code between two graphs (a graph break:
+    `loss.backward()` inside a compiled step, a first-seen op signature taking the Python path)
+    would otherwise be a frame Dynamo tries to compile, down into JAX.
+    """
+    global _skipping
+    if _skipping:
+        return
+    from torch._dynamo import trace_rules
+
+    for name in ("torch_tpu", "jax", "jaxlib"):
+        trace_rules.add(name)
+    _skipping = True
 
 
 def __getattr__(name):
@@ -38,4 +59,4 @@ def __getattr__(name):
 if "torch._dynamo" in sys.modules:
     register()
 
-__all__ = ["Options", "decompositions", "register", "stats", "tpu_backend"]
+__all__ = ["Options", "decompositions", "register", "skip_library_frames", "stats", "tpu_backend"]

@@ -409,7 +409,7 @@ class Plan:
                     continue
                 _, slot, (dtype, sizes, strides, offset), m = out
                 value = strided.read(strided.reinterpret(bufs[slot], dtypes.to_jax(dtype)), sizes, strides, offset)
-                outs.append(strided.to_flat(value, m.strides))
+                outs.append(_physical(value, m))
             return outs, [bufs[s] for s in self.mutated]
 
         return graph, donated_slots, kept_slots
@@ -513,6 +513,35 @@ def lowered_inplace_variant(op):
     if [a.name for a in variant._schema.arguments] != [a.name for a in op._schema.arguments]:
         return None
     return variant
+
+
+def _physical(value, m):
+    """A fresh output in its memory-order N-d shape (flattened after the launch, see `_flatten`).
+
+    NOTE(xla-cpu): as in DeferAndFuse (defer._output_shapes), a program whose outputs are
+    flattening bitcasts of fusions reading broadcast operands gets slow scalar code.
+    """
+    if value.ndim < 2:
+        return value.reshape(-1)
+    if strided.is_contiguous(m.sizes, m.strides):
+        return value
+    return jnp.transpose(value, strided.dense_permutation(m.sizes, m.strides))
+
+
+_flatteners: dict = {}
+
+
+def _flatten(arrays: list, device: int) -> list:
+    """N-d outputs as flat storage buffers, by a compiled reshape that donates them (a bitcast, no copy)."""
+    shapes = tuple((a.shape, str(a.dtype)) for a in arrays)
+    executable = _flatteners.get((shapes, device))
+    if executable is None:
+        sharding = platform.get().shardings[device]
+        out_tree = jax.tree_util.tree_structure([0] * len(arrays))
+        executable = program_mod.compile_indexed(lambda xs: [x.reshape(-1) for x in xs], sharding, (arrays,),
+                                                 ("torch.compile flatten", shapes), out_tree, donate_argnums=(0,))
+        _flatteners[(shapes, device)] = executable
+    return executable(arrays)
 
 
 def _rng_words(rng, k: int):
@@ -635,6 +664,8 @@ class GraphFunction:
         del donated
         for s, array in zip(plan.mutated, updated):
             _buffers[addresses[s]] = (array, plan.slot_layout[s][0])
+        if any(o.ndim != 1 for o in outs):
+            outs = _flatten(list(outs), device)
         fresh = _native.new_outputs(compiled.layouts, outs, device, _buffers) if compiled.layouts else []
         results, position = [], 0
         for out in plan.outputs:
