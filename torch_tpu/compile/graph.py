@@ -127,7 +127,7 @@ _programs: dict = {}  # op signature -> OpProgram (the compile backend's own lev
 class Plan:
     """A graph planned for one concrete argument signature."""
 
-    def __init__(self, gm: torch.fx.GraphModule, key: tuple, level: str):
+    def __init__(self, gm: torch.fx.GraphModule, key: tuple, level: str, nd_outputs: bool = True):
         self.slot_layout: list[tuple] = []  # (torch dtype, nbytes) per slot
         self.input_slots: list[int] = []  # slots read from storages, in first-argument order
         self.unwritten: set[int] = set()  # input slots whose storage was never written: zeros
@@ -136,6 +136,9 @@ class Plan:
         self.outputs: list = []  # per graph output: ("t", slot, entry, OutputMeta) | ("py", value)
         self.n_rng = 0
         self.level = level
+        # Outputs in their N-d shapes, flattened by a second (reshape) program: see `_physical`.
+        # Dynamic-shape graphs return flat buffers instead: one XLA compile per new size, not two.
+        self.nd_outputs = nd_outputs
         self.n_host = 0  # host values (CPU placeholders, then results of host steps)
         self.host_inputs: list[tuple[int, int]] = []  # (argument position, host index)
         self.host_steps: list[tuple] = []  # (target, args, kwargs, out indices); mutating ones last
@@ -409,7 +412,7 @@ class Plan:
                     continue
                 _, slot, (dtype, sizes, strides, offset), m = out
                 value = strided.read(strided.reinterpret(bufs[slot], dtypes.to_jax(dtype)), sizes, strides, offset)
-                outs.append(_physical(value, m))
+                outs.append(_physical(value, m) if self.nd_outputs else strided.to_flat(value, m.strides))
             return outs, [bufs[s] for s in self.mutated]
 
         return graph, donated_slots, kept_slots
@@ -629,6 +632,7 @@ class GraphFunction:
         self.eager = None  # set when the graph cannot be one program
         self.code_hash = hashlib.sha256(gm.code.encode()).hexdigest()
         self.n_inputs = sum(1 for n in gm.graph.nodes if n.op == "placeholder")
+        self.dynamic = any(_symbolic(n.meta.get("val")) for n in gm.graph.nodes if n.op == "placeholder")
         stats.graphs += 1
         options.dump_graph(self)
 
@@ -664,7 +668,7 @@ class GraphFunction:
         del donated
         for s, array in zip(plan.mutated, updated):
             _buffers[addresses[s]] = (array, plan.slot_layout[s][0])
-        if any(o.ndim != 1 for o in outs):
+        if plan.nd_outputs and any(o.ndim != 1 for o in outs):
             outs = _flatten(list(outs), device)
         fresh = _native.new_outputs(compiled.layouts, outs, device, _buffers) if compiled.layouts else []
         results, position = [], 0
@@ -716,7 +720,7 @@ class GraphFunction:
 
     def _compile(self, key, arrays):
         try:
-            plan = Plan(self.gm, key, key[2])
+            plan = Plan(self.gm, key, key[2], nd_outputs=not self.dynamic)
         except Unsupported as why:
             self._go_eager(str(why))
             return None
@@ -772,6 +776,13 @@ def _own(array):
     if sys.getrefcount(array) > 4:
         return jnp.copy(array)
     return array
+
+
+def _symbolic(val) -> bool:
+    """Whether a placeholder's example value has symbolic sizes (a dynamic-shape graph)."""
+    if isinstance(val, torch.SymInt):
+        return True
+    return isinstance(val, torch.Tensor) and any(isinstance(d, torch.SymInt) for d in val.shape)
 
 
 def _take_rng(n: int, device: int):
