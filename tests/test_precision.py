@@ -46,9 +46,9 @@ def run_in_mode(mode: str, fn, *args):
     if mode == "defer_and_fuse":
         with torch_tpu.execution_mode("defer_and_fuse"):
             return fn(*args).cpu()
-    import torch_tpu.compile
+    from torch_tpu.compile import register
 
-    torch_tpu.compile.register()  # an uninstalled checkout has no entry point
+    register()  # an uninstalled checkout has no entry point
     return torch.compile(fn, backend="tpu")(*args).cpu()
 
 
