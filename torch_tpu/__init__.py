@@ -37,6 +37,9 @@ def _register_backend() -> None:
     platform.on_init(kernels.register_all)
     platform.on_init(device_module._apply_pending_seed)
     platform.on_init(_route_kernels)
+    from torch_tpu.compile import routing as compile_routing  # torch.compile's default backend: tpu graphs to "tpu"
+
+    compile_routing.install()
 
 
 def _route_kernels() -> None:

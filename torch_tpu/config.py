@@ -112,6 +112,8 @@ class Config:
     # Bundled kernels (torch_tpu.kernels) behind SDPA and torch._grouped_mm: "auto" where Pallas compiles
     # natively, "always" (also interpreted: slow, for testing), "never" (always the XLA lowerings).
     kernels: str = field(default_factory=lambda: _choice("TORCH_TPU_KERNELS", ("auto", "always", "never"), "auto"))
+    # torch.compile(backend="tpu") (docs/compile.md): dump every ATen FX graph and its StableHLO here.
+    compile_dump_dir: str | None = field(default_factory=lambda: _path("TORCH_TPU_COMPILE_DUMP_DIR"))
 
     def __post_init__(self):
         if self.launch_blocking and self.defer_and_fuse:

@@ -305,8 +305,9 @@ def compile(lowered, device, program_key: str | None = None, options: tuple = ()
     """The executable of a `jax.stages.Lowered` for `device`, from the cache or freshly compiled.
 
     `program_key` (from `key.program_key`) is recorded as naming this
-    executable, for later `lookup`s. `options` are the compile options the
-    lowering is compiled with (part of the key; none today).
+    executable, for later `lookup`s. `options` are (name, value) pairs of XLA compile
+    options the lowering is compiled with (`Lowered.compile(compiler_options=...)`); they are
+    part of the key. torch.compile(backend="tpu") passes its `xla_flags` option here.
     """
     with _lock:
         _stats.lowerings += 1
@@ -321,7 +322,7 @@ def compile(lowered, device, program_key: str | None = None, options: tuple = ()
         if any(marker in text for marker in _PROCESS_BOUND):
             _stats.process_bound += 1
             _unsaved.add(fp)
-            result = _compile(lowered, fp, device, persist=False)
+            result = _compile(lowered, fp, device, persist=False, options=options)
             _l1[fp] = result
             return result
         result = _load(fp, device, in_tree, out_tree) if _settings.enabled else None
@@ -339,15 +340,15 @@ def compile(lowered, device, program_key: str | None = None, options: tuple = ()
                 if outcome is not None and not outcome.acquired:
                     _stats.lock_timeouts += 1
                 if result is None:
-                    result = _compile(lowered, fp, device, persist=_settings.enabled)
+                    result = _compile(lowered, fp, device, persist=_settings.enabled, options=options)
         _l1[fp] = result
         _remember(program_key, fp)
         return result
 
 
-def _compile(lowered, fp: str, device, persist: bool):
+def _compile(lowered, fp: str, device, persist: bool, options: tuple = ()):
     start = time.perf_counter()
-    compiled = lowered.compile()
+    compiled = lowered.compile(compiler_options=dict(options)) if options else lowered.compile()
     seconds = time.perf_counter() - start
     metrics.record_compile(seconds)
     _stats.compiles += 1

@@ -293,32 +293,7 @@ def _device_scalars(scalars: list, device: int) -> list:
     return out
 
 
-def _returns(spec: OpSpec, prog, full, outs):
-    returns = spec.returns
-    if len(returns) == 1:
-        kind, info = returns[0]
-        if kind == "arg":
-            return full[info]
-        if kind == "value":
-            return prog.values[0]
-        return outs if info else outs[0]
-    results = []
-    position = 0
-    counts = iter(prog.return_counts or ())
-    values = iter(prog.values)
-    for kind, info in returns:
-        if kind == "arg":
-            results.append(full[info])
-        elif kind == "value":
-            results.append(next(values))
-        elif info:
-            n = next(counts)
-            results.append(outs[position:position + n])
-            position += n
-        else:
-            results.append(outs[position])
-            position += 1
-    return tuple(results) if results else None
+_returns = program_mod.returns  # shared with the torch.compile backend (compile/graph.py)
 
 
 def _resize_out(t: torch.Tensor, sizes) -> None:

@@ -49,8 +49,8 @@ def tensor_entries(kind, entry) -> list:
         return []
     if kind in _TENSOR_KINDS:
         return [entry] if entry[0] == TENSOR else []
-    if kind in _LIST_KINDS:
-        return [e for e in entry if e is not None]
+    if kind in _LIST_KINDS:  # a list may hold 0-dim CPU tensors (runtime scalars) among its tensors
+        return [e for e in entry if e is not None and e[0] == TENSOR]
     return []
 
 
@@ -184,6 +184,39 @@ def build(key, spec: OpSpec, lowering: Lowering, scalars: list, via_functional: 
     return program
 
 
+def returns(spec: OpSpec, prog: OpProgram, full: list, outs: list):
+    """What the op returns: `full` are its arguments, `outs` its fresh outputs (one per layout).
+
+    Shared by every consumer of programs (executors, the torch.compile backend), whatever
+    objects stand for tensors in `full` and `outs`.
+    """
+    rets = spec.returns
+    if len(rets) == 1:
+        kind, info = rets[0]
+        if kind == "arg":
+            return full[info]
+        if kind == "value":
+            return prog.values[0]
+        return outs if info else outs[0]
+    results = []
+    position = 0
+    counts = iter(prog.return_counts or ())
+    values = iter(prog.values)
+    for kind, info in rets:
+        if kind == "arg":
+            results.append(full[info])
+        elif kind == "value":
+            results.append(next(values))
+        elif info:
+            n = next(counts)
+            results.append(outs[position:position + n])
+            position += n
+        else:
+            results.append(outs[position])
+            position += 1
+    return tuple(results) if results else None
+
+
 def _meta_tensor(entry, offset):
     return torch.empty_strided(entry[2], entry[3], dtype=entry[1], device="meta")
 
@@ -207,6 +240,13 @@ def _rebuild(spec: OpSpec, key_args, scalars, make_tensor, make_scalar, make_cpu
         offsets[(i, j)] = offset
         return make_tensor(entry, offset)
 
+    def element(i, j, entry):  # of a tensor list: a tensor, or a 0-dim CPU tensor (a runtime scalar)
+        nonlocal position
+        if entry[0] == CPU_SCALAR:
+            position += 1
+            return make_cpu(scalars[position - 1], entry[1])
+        return tensor(i, j, entry)
+
     for i, (kind, entry) in enumerate(zip(spec.kinds, key_args)):
         if entry is None or kind == Arg.GENERATOR:
             out.append(None)
@@ -220,7 +260,7 @@ def _rebuild(spec: OpSpec, key_args, scalars, make_tensor, make_scalar, make_cpu
             else:
                 out.append(tensor(i, 0, entry))
         elif kind in _LIST_KINDS:
-            out.append([None if e is None else tensor(i, j, e) for j, e in enumerate(entry)])
+            out.append([None if e is None else element(i, j, e) for j, e in enumerate(entry)])
         elif kind in (Arg.SCALAR, Arg.OPT_SCALAR) and type(entry) is tuple and entry[0] == SCALAR:
             out.append(make_scalar(scalars[position], entry[1]))
             position += 1
@@ -394,7 +434,8 @@ def _rng_key(parts):
     return jax.random.fold_in(jax.random.fold_in(key, offset_lo), offset_hi)
 
 
-def compile_function(fn, sharding, args: tuple, donate_argnums: tuple = (), program_key: str | None = None):
+def compile_function(fn, sharding, args: tuple, donate_argnums: tuple = (), program_key: str | None = None,
+                     options: tuple = ()):
     """The executable of any traced function for one device, through the compile cache (cache/).
 
     The one compile entry point: op programs (below) and DeferAndFuse's fused
@@ -404,15 +445,15 @@ def compile_function(fn, sharding, args: tuple, donate_argnums: tuple = (), prog
     (device,) = sharding.device_set
     with compile_notice.watch(fn):  # one line if it takes long
         lowered = jax.jit(fn, out_shardings=sharding, donate_argnums=donate_argnums, keep_unused=True).lower(*args)
-        return cache.compile(lowered, device, program_key=program_key)
+        return cache.compile(lowered, device, program_key=program_key, options=options)
 
 
-def compile_indexed(fn, sharding, args: tuple, signature, out_tree, donate_argnums: tuple = ()):
+def compile_indexed(fn, sharding, args: tuple, signature, out_tree, donate_argnums: tuple = (), options: tuple = ()):
     """`compile_function`, recorded under the program key of `signature` (None: not indexable).
 
     A later process finds the executable by the signature alone, without tracing or
     lowering `fn`. `signature` must determine the program (see cache/key.py);
-    `out_tree` is the pytree of `fn`'s results.
+    `out_tree` is the pytree of `fn`'s results; `options`: XLA compile options (cache.compile).
     """
     (device,) = sharding.device_set
     program_key = cache.program_key(signature, device) if signature is not None and cache.settings().enabled else None
@@ -420,7 +461,7 @@ def compile_indexed(fn, sharding, args: tuple, signature, out_tree, donate_argnu
         executable = cache.lookup(program_key, device, jax.tree_util.tree_structure((args, {})), out_tree)
         if executable is not None:
             return executable
-    return compile_function(fn, sharding, args, donate_argnums, program_key=program_key)
+    return compile_function(fn, sharding, args, donate_argnums, program_key=program_key, options=options)
 
 
 def compile_program(program: OpProgram, sharding, slot_arrays, scalars):

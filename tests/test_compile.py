@@ -1,0 +1,419 @@
+"""torch.compile(backend="tpu") and the default backend on tpu tensors, compared with PyTorch on CPU."""
+import copy
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import pytest
+import torch
+
+import torch_tpu
+import torch_tpu.compile
+from torch_tpu import cache
+from torch_tpu.compile import routing
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from examples.gpt import GPT, GPTConfig  # noqa: E402
+
+torch_tpu.compile.register()
+import torch._dynamo  # noqa: E402
+from torch._dynamo.utils import counters  # noqa: E402
+
+TPU = torch.device("tpu:0")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    counters.clear()
+    yield
+    torch._dynamo.reset()
+
+
+def _xla_compiles() -> int:
+    return cache.stats()["compiles"]
+
+
+def _max_diff(a, b) -> float:
+    return (a.detach().cpu() - b.detach()).abs().max().item()
+
+
+def _small_gpt():
+    torch.manual_seed(0)
+    return GPT(GPTConfig(vocab_size=40, block_size=32, n_layer=2, n_head=2, n_embd=32))
+
+
+def _tokens(seed=0, batch=2, length=16):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 40, (batch, length), generator=g), torch.randint(0, 40, (batch, length), generator=g)
+
+
+# ------------------------------------------------------------------ models against CPU
+def test_mlp_forward_backward_matches_cpu():
+    """Compiled forward and backward of an MLP: outputs and every gradient as on CPU."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.GELU(), torch.nn.LayerNorm(32),
+                                torch.nn.Linear(32, 4))
+    tpu_model = copy.deepcopy(model).to(TPU)
+    x = torch.randn(6, 8)
+    compiled = torch.compile(tpu_model, backend="tpu")
+    out = compiled(x.to(TPU))
+    ref = model(x)
+    assert _max_diff(out, ref) < 1e-5
+    out.square().sum().backward()
+    ref.square().sum().backward()
+    for p, q in zip(model.parameters(), tpu_model.parameters()):
+        assert q.grad.device.type == "tpu"
+        assert _max_diff(q.grad, p.grad) < 1e-4
+    assert torch_tpu.compile.stats.eager_graphs == 0
+
+
+def test_cnn_batch_norm_running_stats_match_cpu():
+    """A CNN with batch norm: training updates running stats in the real storages, eval reads them."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+                                torch.nn.MaxPool2d(2), torch.nn.Flatten(), torch.nn.Linear(8 * 4 * 4, 5))
+    tpu_model = copy.deepcopy(model).to(TPU)
+    bn, tpu_bn = model[1], tpu_model[1]
+    address = tpu_bn.running_mean.untyped_storage().data_ptr()
+    compiled = torch.compile(tpu_model, backend="tpu")
+    for step in range(3):
+        x = torch.randn(4, 3, 8, 8, generator=torch.Generator().manual_seed(step))
+        out, ref = compiled(x.to(TPU)), model(x)
+        out.sum().backward()
+        ref.sum().backward()
+        assert _max_diff(out, ref) < 1e-4
+    assert tpu_bn.running_mean.untyped_storage().data_ptr() == address  # updated in place, not replaced
+    assert _max_diff(tpu_bn.running_mean, bn.running_mean) < 1e-5
+    assert _max_diff(tpu_bn.running_var, bn.running_var) < 1e-5
+    assert tpu_bn.num_batches_tracked.item() == bn.num_batches_tracked.item() == 3
+    assert _max_diff(tpu_model[0].weight.grad, model[0].weight.grad) < 1e-3
+    tpu_model.eval()
+    model.eval()
+    x = torch.randn(2, 3, 8, 8)
+    assert _max_diff(compiled(x.to(TPU)), model(x)) < 1e-4
+
+
+def test_gpt_forward_backward_matches_cpu():
+    """The small GPT of examples/gpt.py: loss, logits and gradients (tied weights too) as on CPU."""
+    model = _small_gpt()
+    tpu_model = copy.deepcopy(model).to(TPU)
+    idx, targets = _tokens()
+    logits, loss = torch.compile(tpu_model, backend="tpu")(idx.to(TPU), targets.to(TPU))
+    ref_logits, ref_loss = model(idx, targets)
+    assert _max_diff(logits, ref_logits) < 1e-4
+    assert abs(loss.item() - ref_loss.item()) < 1e-5
+    loss.backward()
+    ref_loss.backward()
+    for (name, p), q in zip(model.named_parameters(), tpu_model.parameters()):
+        assert _max_diff(q.grad, p.grad) < 1e-4, name
+    assert torch_tpu.compile.stats.eager_graphs == 0
+
+
+@pytest.mark.heavy
+def test_compiled_adamw_training_matches_eager_and_cpu():
+    """20 compiled steps (forward, backward, AdamW in one compiled function): the loss curve of eager tpu and CPU."""
+
+    def step(model, opt, idx, targets):
+        opt.zero_grad(set_to_none=True)
+        loss = model(idx, targets)[1]
+        loss.backward()
+        opt.step()
+        return loss
+
+    curves = {}
+    # Compiled first: the eager ops between its graphs (inside backward) meet no cached program,
+    # so they take the Python path, whose frames Dynamo must not trace.
+    for kind in ("compiled", "eager", "cpu"):
+        model = _small_gpt()
+        device = torch.device("cpu") if kind == "cpu" else TPU
+        model = model.to(device)
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1)
+        run = torch.compile(step, backend="tpu") if kind == "compiled" else step
+        losses = []
+        idx, targets = _tokens()
+        for i in range(20):
+            if i == 3 and kind == "compiled":
+                compiles = _xla_compiles()
+            losses.append(run(model, opt, idx.to(device), targets.to(device)).item())
+        curves[kind] = losses
+        if kind == "compiled":
+            assert _xla_compiles() == compiles  # steps 4..20 reuse every program
+            params = list(model.parameters())
+    assert curves["cpu"][-1] < curves["cpu"][0] - 0.3
+    for kind in ("eager", "compiled"):
+        for a, b in zip(curves[kind], curves["cpu"]):
+            assert abs(a - b) < 2e-3, (kind, curves[kind], curves["cpu"])
+    assert all(p.device.type == "tpu" for p in params)
+    assert torch_tpu.compile.stats.eager_graphs == 0
+    assert torch_tpu.compile.stats.donations > 0  # parameters and optimizer state updated where they lie
+
+
+def test_graph_break_model_matches_cpu():
+    """A model with a graph break: two compiled graphs, the eager part between them, results as on CPU."""
+
+    class Broken(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Linear(8, 8)
+            self.b = torch.nn.Linear(8, 3)
+
+        def forward(self, x):
+            h = torch.relu(self.a(x))
+            torch._dynamo.graph_break()
+            return self.b(h * 2)
+
+    torch.manual_seed(0)
+    model = Broken()
+    tpu_model = copy.deepcopy(model).to(TPU)
+    x = torch.randn(4, 8)
+    out = torch.compile(tpu_model, backend="tpu")(x.to(TPU))
+    ref = model(x)
+    assert _max_diff(out, ref) < 1e-5
+    out.sum().backward()
+    ref.sum().backward()
+    assert _max_diff(tpu_model.a.weight.grad, model.a.weight.grad) < 1e-5
+    assert counters["stats"]["unique_graphs"] == 2
+
+
+def test_graph_break_under_defer_and_fuse():
+    """The eager part between graphs runs in the current eager mode (DeferAndFuse here)."""
+
+    def fn(x):
+        y = x.sin() + 1
+        torch._dynamo.graph_break()
+        return (y * x).cos()
+
+    x = torch.randn(16)
+    with torch_tpu.execution_mode("defer_and_fuse"):
+        out = torch.compile(fn, backend="tpu")(x.to(TPU)).cpu()
+    assert torch.allclose(out, fn(x), atol=1e-6)
+
+
+# ------------------------------------------------------------------ random ops and precision
+def test_random_ops_reproduce_under_seed_and_match_eager():
+    """Dropout, rand_like and randn in a compiled graph: reproducible, and the same numbers as eager tpu."""
+
+    def fn(x):
+        return torch.nn.functional.dropout(x, 0.5) + torch.rand_like(x) + torch.randn(x.shape, device=x.device)
+
+    x = torch.ones(64, device=TPU)
+    compiled = torch.compile(fn, backend="tpu")
+    torch.manual_seed(7)
+    first = compiled(x).cpu()
+    second = compiled(x).cpu()  # the generator moved on: other numbers
+    torch.manual_seed(7)
+    again = compiled(x).cpu()
+    torch.manual_seed(7)
+    eager = fn(x).cpu()
+    assert torch.equal(first, again)
+    assert not torch.equal(first, second)
+    assert torch.allclose(first, eager, rtol=0, atol=1e-6)  # the same draws (the sums may round differently)
+
+
+def test_float32_matmul_follows_precision_policy():
+    """float32 products run at "medium" by default, as eager; "highest" gives another program."""
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(64, 64, generator=g), torch.randn(64, 64, generator=g)
+    fn = torch.compile(torch.mm, backend="tpu")
+    ta, tb = a.to(TPU), b.to(TPU)
+    torch.set_float32_matmul_precision("medium")
+    medium = fn(ta, tb).cpu()
+    eager_medium = torch.mm(ta, tb).cpu()
+    bf16 = (a.bfloat16().double() @ b.bfloat16().double()).float()
+    torch.set_float32_matmul_precision("highest")
+    highest = fn(ta, tb).cpu()
+    assert torch.equal(medium, eager_medium)
+    assert (medium - bf16).abs().max() < 1e-4
+    assert (highest - a @ b).abs().max() < 1e-4
+    assert (medium - a @ b).abs().max() > 1e-3  # bfloat16 operands: visibly not float32
+
+
+# ------------------------------------------------------------------ the default backend
+def test_default_backend_trains_tpu_model_like_cpu():
+    """torch.compile(model) with no backend on a tpu model: routed to "tpu", trains and matches CPU."""
+    assert routing.installed()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    tpu_model = copy.deepcopy(model).to(TPU)
+    compiled = torch.compile(tpu_model)
+    opt = torch.optim.SGD(tpu_model.parameters(), lr=0.1)
+    ref_opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    graphs = torch_tpu.compile.stats.graphs
+    for i in range(3):
+        x = torch.randn(8, 8, generator=torch.Generator().manual_seed(i))
+        loss = compiled(x.to(TPU)).square().mean()
+        ref = model(x).square().mean()
+        assert abs(loss.item() - ref.item()) < 1e-5
+        loss.backward()
+        ref.backward()
+        opt.step()
+        ref_opt.step()
+        opt.zero_grad()
+        ref_opt.zero_grad()
+    assert torch_tpu.compile.stats.graphs > graphs  # the tpu backend made them, not Inductor
+
+
+def test_routing_leaves_other_devices_to_inductor(monkeypatch):
+    """The routing wrapper sends a CPU graph to the wrapped (Inductor) call unchanged."""
+    seen = []
+    routing.uninstall()
+    monkeypatch.setattr(torch._TorchCompileInductorWrapper, "__call__",
+                        lambda self, gm, inputs, **kw: seen.append(inputs) or "inductor")
+    try:
+        assert routing.install()
+        wrapper = torch._TorchCompileInductorWrapper(None, None, None)
+        assert wrapper("gm", [torch.ones(2)]) == "inductor"
+        assert len(seen) == 1
+        assert routing.on_tpu([torch.ones(2, device=TPU)]) and not routing.on_tpu([torch.ones(2), 3])
+    finally:
+        routing.uninstall()
+        monkeypatch.undo()
+        routing.install()
+    assert routing.installed()
+
+
+# ------------------------------------------------------------------ dynamic shapes
+def test_dynamic_shapes_one_trace_one_compile_per_size():
+    """dynamic=True over 16 sequence lengths: Dynamo traces once, each new size costs one XLA compile, none on repeat."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.GELU(), torch.nn.LayerNorm(16)).to(TPU)
+    compiled = torch.compile(model, backend="tpu", dynamic=True)
+    inputs = [torch.randn(2, n, 16) for n in range(3, 19)]
+    plans = torch_tpu.compile.stats.plans
+    on_tpu = [x.to(TPU) for x in inputs]
+    torch.tpu.synchronize()  # DeferAndFuse: the uploads run (and compile) now, not inside the sweep
+    compiles = []
+    with torch.no_grad():
+        for x in on_tpu:
+            before = _xla_compiles()
+            compiled(x)
+            compiles.append(_xla_compiles() - before)
+        before = _xla_compiles()
+        outs = [compiled(x) for x in on_tpu]  # every size again: nothing compiles
+        assert _xla_compiles() == before
+        for x, out in zip(inputs, outs):
+            assert torch.allclose(out.cpu(), model.cpu()(x), atol=1e-5)
+            model.to(TPU)
+    assert counters["stats"]["unique_graphs"] == 1
+    assert counters["frames"]["ok"] == 1
+    assert all(n <= 1 for n in compiles), compiles
+    assert torch_tpu.compile.stats.plans - plans == 16  # one program per concrete size
+
+
+def test_mark_dynamic_sweep():
+    """mark_dynamic on the sequence dim: one Dynamo graph for every length."""
+
+    def fn(x):
+        return torch.softmax(x @ x.transpose(-1, -2), dim=-1)
+
+    compiled = torch.compile(fn, backend="tpu")
+    for n in (4, 7, 9):
+        x = torch.randn(2, n, 8)
+        t = x.to(TPU)
+        torch._dynamo.mark_dynamic(t, 1)
+        torch.set_float32_matmul_precision("highest")
+        assert torch.allclose(compiled(t).cpu(), fn(x), atol=1e-5)
+    assert counters["stats"]["unique_graphs"] == 1
+
+
+# ------------------------------------------------------------------ cache, options, fallbacks
+_SECOND_PROCESS = textwrap.dedent("""
+    import json, os, sys, torch
+    sys.path.insert(0, {root!r})
+    import torch_tpu, torch_tpu.compile
+    from torch_tpu import cache
+    from examples.gpt import GPT, GPTConfig
+    torch_tpu.compile.register()  # an uninstalled checkout has no entry point
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=40, block_size=32, n_layer=2, n_head=2, n_embd=32)).to("tpu")
+    idx = torch.randint(0, 40, (2, 16)).to("tpu")
+    loss = torch.compile(model, backend="tpu")(idx, idx)[1]
+    loss.backward()
+    print(json.dumps({{"loss": loss.item(), "compiles": cache.stats()["compiles"],
+                      "graphs": torch_tpu.compile.stats.graphs}}))
+""")
+
+
+@pytest.mark.heavy
+def test_second_process_compiles_nothing(tmp_path):
+    """A second process compiling the same model finds every executable in the host-shared cache."""
+    import json
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    script = tmp_path / "run.py"
+    script.write_text(_SECOND_PROCESS.format(root=root))
+    env = dict(os.environ, TORCH_TPU_CACHE="1", TORCH_TPU_CACHE_DIR=str(tmp_path / "cache"),
+               PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    runs = []
+    for _ in range(2):
+        done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    first, second = runs
+    assert first["compiles"] > 0 and first["graphs"] == 2
+    assert second["compiles"] == 0
+    assert second["loss"] == first["loss"]
+
+
+def test_options_dump_dir_and_xla_flags(tmp_path):
+    """options: the FX graphs and their StableHLO land in dump_dir; xla_flags reach the XLA compiler."""
+    fn = torch.compile(lambda x: (x * 2).exp(), backend="tpu",
+                       options={"dump_dir": str(tmp_path), "xla_flags": {"xla_cpu_enable_fast_math": False}})
+    x = torch.randn(8)
+    assert torch.allclose(fn(x.to(TPU)).cpu(), (x * 2).exp())
+    names = sorted(os.listdir(tmp_path))
+    assert any(n.endswith(".py") for n in names) and any(n.endswith(".mlir") for n in names), names
+    mlir = next(n for n in names if n.endswith(".mlir"))
+    assert "stablehlo.exponential" in (tmp_path / mlir).read_text()
+    bad = torch.compile(lambda x: x + 1, backend="tpu", options={"xla_flags": {"no_such_xla_option": 1}})
+    with pytest.raises(Exception, match="no_such_xla_option"):
+        bad(torch.ones(3, device=TPU))
+
+
+def test_unknown_option_is_an_error():
+    """An option the backend does not know is a clear error naming the known ones."""
+    fn = torch.compile(lambda x: x + 1, backend="tpu", options={"triton.cudagraphs": True})
+    with pytest.raises(Exception, match="known options"):
+        fn(torch.ones(3, device=TPU))
+
+
+def test_graph_with_unlowered_op_runs_eagerly():
+    """An op with no lowering and no decomposition: the graph runs op by op in eager, with a warning."""
+    lib = torch.library.Library("tpu_compile_test", "FRAGMENT")
+    lib.define("twice_plus_one(Tensor x) -> Tensor")
+    lib.impl("twice_plus_one", lambda x: x * 2 + 1, "CPU")
+    lib.impl("twice_plus_one", lambda x: torch.empty_like(x), "Meta")
+
+    def fn(x):
+        return torch.ops.tpu_compile_test.twice_plus_one(x.sin()) + 1
+
+    x = torch.randn(5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the CPU fallback's warning
+        with pytest.warns(UserWarning, match="runs op by op in eager"):
+            out = torch.compile(fn, backend="tpu")(x.to(TPU))
+    assert torch.allclose(out.cpu(), fn(x), atol=1e-6)
+
+
+def test_explain_on_tpu_model():
+    """torch._dynamo.explain works on a tpu function and counts its graph break."""
+
+    def fn(x):
+        x = x.relu()
+        torch._dynamo.graph_break()
+        return x + 1
+
+    explanation = torch._dynamo.explain(fn)(torch.randn(4, device=TPU))
+    assert explanation.graph_count == 2 and explanation.graph_break_count == 1
+
+
+def test_eager_foreach_with_cpu_scalar_tensor_list():
+    """Eager: a foreach op with a list of 0-dim CPU tensors (non-capturable Adam's bias corrections)."""
+    a = [torch.ones(3), torch.full((2,), 4.0)]
+    b = [torch.tensor(2.0), torch.tensor(4.0)]
+    out = torch._foreach_div([t.to(TPU) for t in a], b)
+    for o, r in zip(out, torch._foreach_div(a, b)):
+        assert torch.equal(o.cpu(), r)
