@@ -112,6 +112,9 @@ class Config:
     # Bundled kernels (torch_tpu.kernels) behind SDPA and torch._grouped_mm: "auto" where Pallas compiles
     # natively, "always" (also interpreted: slow, for testing), "never" (always the XLA lowerings).
     kernels: str = field(default_factory=lambda: _choice("TORCH_TPU_KERNELS", ("auto", "always", "never"), "auto"))
+    # Value checks (docs/reliability.md): programs of ops that PyTorch checks by value (indices, targets,
+    # probabilities) compute an error flag, raised at the next materialization point; 0 turns them off.
+    value_checks: bool = field(default_factory=lambda: _flag("TORCH_TPU_VALUE_CHECKS", default=True))
 
     def __post_init__(self):
         if self.launch_blocking and self.defer_and_fuse:
