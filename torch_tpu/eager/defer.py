@@ -54,7 +54,7 @@ from torch_tpu import profiler as _trace
 from torch_tpu.config import config
 from torch_tpu.eager import executor
 from torch_tpu.eager import program as program_mod
-from torch_tpu.eager import repeats, strided, valuecheck
+from torch_tpu.eager import cpu_errors, repeats, strided, valuecheck
 from torch_tpu.runtime import dtypes, platform, storage
 from torch_tpu.runtime.errors import translate_runtime_error
 
@@ -194,9 +194,12 @@ def _check(key, prog, scalars) -> None:
     ]
     try:
         jax.eval_shape(prog.trace, shapes, list(scalars))
-    except Exception:
+    except Exception as err:
         executor.programs.pop(key, None)
-        raise
+        replacement = cpu_errors.as_cpu_error(prog.spec, key, scalars, err)  # PyTorch's error, as in Strict
+        if replacement is err:
+            raise
+        raise replacement from None
 
 
 # Frames in these files are library code: errors name the first frame outside them.

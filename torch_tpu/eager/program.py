@@ -30,7 +30,7 @@ from torch._prims_common import elementwise_dtypes
 
 from torch_tpu import cache, compile_notice, precision
 from torch_tpu.config import config
-from torch_tpu.eager import strided
+from torch_tpu.eager import cpu_errors, strided
 from torch_tpu.eager.opspec import Arg, OpSpec
 from torch_tpu.ops import checks
 from torch_tpu.ops.registry import Lowering
@@ -130,6 +130,16 @@ class OpProgram:
 
 def build(key, spec: OpSpec, lowering: Lowering, scalars: list, via_functional: bool) -> OpProgram:
     """Compile-time work for a new signature: meta run, promotion, trace."""
+    try:
+        return _build(key, spec, lowering, scalars, via_functional)
+    except cpu_errors.FOREIGN as err:  # PyTorch's CPU error for the same arguments, if it has one
+        replacement = cpu_errors.as_cpu_error(spec, key, scalars, err)
+        if replacement is err:
+            raise
+        raise replacement from None
+
+
+def _build(key, spec: OpSpec, lowering: Lowering, scalars: list, via_functional: bool) -> OpProgram:
     device = key[1]
     key_args = key[2:2 + spec.n_args]
     slots = key[2 + spec.n_args]
@@ -443,7 +453,15 @@ def compile_program(program: OpProgram, sharding, slot_arrays, scalars):
     signature = None
     if indexable(program):
         signature = (program.key, "value checks") if program.checks else program.key
-    executable = compile_indexed(program.trace, sharding, (slot_arrays, scalars), signature, out_tree)
+    try:
+        executable = compile_indexed(program.trace, sharding, (slot_arrays, scalars), signature, out_tree)
+    except cpu_errors.FOREIGN as err:  # a lowering rejected the arguments: PyTorch's CPU error if it has one
+        if isinstance(err, jax.errors.JaxRuntimeError):
+            raise
+        replacement = cpu_errors.as_cpu_error(program.spec, program.key, scalars, err)
+        if replacement is err:
+            raise
+        raise replacement from None
     program.executable = executable
     program.enable_fast_path()
     return executable

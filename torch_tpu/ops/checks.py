@@ -49,11 +49,12 @@ ERRORS = {
     10: (RuntimeError, "Class values must be non-negative."),
     11: (IndexError, "index_copy_(): index {value} is out of bounds for dimension {dim} with size {size}"),
     12: (RuntimeError, "Index {dim} of input takes value {value} which is not in the valid range [0, {size})"),
-    13: (RuntimeError, "bernoulli_ expects p to be in [0, 1], but got p={fvalue}"),
+    13: (RuntimeError, "bernoulli_ expects p to be in [0, 1], but got p={fvalue:g}"),
+    14: (RuntimeError, "uniform_ expects to return a [from, to) range, but found from={fvalue:g} > to={fsize:g}"),
 }
 INDEX_IN_SELF, INDEX_BOUNDS, GATHER_BOUNDS, TARGET, TAKE = 1, 2, 3, 4, 5
 MULTINOMIAL_INVALID, MULTINOMIAL_SUM, BERNOULLI, ONE_HOT_BIG, ONE_HOT_NEGATIVE = 6, 7, 8, 9, 10
-INDEX_COPY, EMBEDDING_BAG, BERNOULLI_FLOAT = 11, 12, 13
+INDEX_COPY, EMBEDDING_BAG, BERNOULLI_FLOAT, UNIFORM_RANGE = 11, 12, 13, 14
 
 _state = threading.local()
 
@@ -95,8 +96,8 @@ def require(ok, code: int, value=None, dim: int = 0, size: int = 0) -> None:
     first = jnp.argmax(bad)
     offending = jnp.zeros((), jnp.int64) if value is None else (
         jnp.broadcast_to(jnp.asarray(value), ok.shape).reshape(-1)[first].astype(jnp.int64))
-    flag = jnp.stack([jnp.asarray(code, jnp.int64), offending, jnp.asarray(dim, jnp.int64),
-                      jnp.asarray(size, jnp.int64)])
+    flag = jnp.stack([jnp.asarray(code, jnp.int64), offending, jnp.asarray(dim).astype(jnp.int64),
+                      jnp.asarray(size).astype(jnp.int64)])
     flags.append(jnp.where(jnp.any(bad), flag, jnp.zeros((FLAG_SIZE,), jnp.int64)))
 
 
@@ -126,5 +127,7 @@ def error(flag) -> Exception | None:
     if code == 0:
         return None
     kind, template = ERRORS.get(code, (RuntimeError, "value check {value} failed"))
-    fvalue = struct.unpack("<d", struct.pack("<q", value))[0]
-    return kind(template.format(value=value, dim=dim, size=size, fvalue=fvalue))
+    def as_float(bits):  # a value carried by float_bits
+        return struct.unpack("<d", struct.pack("<q", bits))[0]
+
+    return kind(template.format(value=value, dim=dim, size=size, fvalue=as_float(value), fsize=as_float(size)))

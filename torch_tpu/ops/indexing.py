@@ -75,6 +75,8 @@ def unsafe_index_put(x, indices, values, accumulate=False):
 @lowers(aten.masked_scatter.default)
 def masked_scatter(x, mask, source):
     """Masked positions of x take source's elements in order (no size needed: a running count)."""
+    if mask.dtype != jnp.bool_:  # PyTorch's CPU kernel raises its own error (eager/cpu_errors.py)
+        raise TypeError(f"masked_scatter: mask of dtype {mask.dtype}")
     flat_mask = jnp.broadcast_to(mask, x.shape).reshape(-1)
     src = source.reshape(-1)
     if src.shape[0] == 0:

@@ -17,7 +17,10 @@ def _float_dtype(dtype):
 
 
 @lowers(aten.uniform.default, rng=True)
+@checks.checked
 def uniform(x, low=0.0, high=1.0, generator=None, *, key):
+    checks.require(jnp.asarray(low) <= jnp.asarray(high), checks.UNIFORM_RANGE, checks.float_bits(low), 0,
+                   checks.float_bits(high))
     dt = _float_dtype(x.dtype)
     return jax.random.uniform(key, x.shape, dtype=jnp.float32, minval=low, maxval=high).astype(dt)
 
