@@ -37,7 +37,7 @@ _CHOLESKY = """
 """
 
 
-@pytest.mark.parametrize("mode", ["strict", "debug"])
+@pytest.mark.parametrize("mode", ["strict", pytest.param("debug", marks=pytest.mark.heavy)])
 def test_cholesky_from_compile_cache_does_not_crash(tmp_path, mode):
     """The segfault of issue 13: a LAPACK custom call loaded from the compile cache ran before
     jaxlib had filled its function pointers. The second process loads every program from the cache."""
@@ -55,6 +55,9 @@ import torch_tpu  # noqa: E402
 
 F = torch.nn.functional
 MODES = ("strict", "debug", "defer_and_fuse")
+# These tests switch modes themselves (all three each): CI's second pass under DeferAndFuse adds nothing.
+_all_modes = pytest.mark.skipif(os.environ.get("TORCH_TPU_DEFER_AND_FUSE") == "1",
+                                reason="runs every execution mode itself")
 
 
 def _t(value, device):
@@ -98,6 +101,7 @@ def _device_works():
     assert torch.gather(a.reshape(2, 3), 1, _t([[2], [0]], "tpu")).tolist() == [[2.0], [3.0]]
 
 
+@_all_modes
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_bad_values_raise_like_cpu(case, mode):
@@ -125,6 +129,7 @@ def test_bad_values_raise_like_cpu(case, mode):
     assert torch.tpu.memory_allocated() == baseline
 
 
+@_all_modes
 @pytest.mark.parametrize("mode", MODES)
 def test_failed_results_are_not_values(mode):
     """A failed op's results raise when read or used, again and again; its inputs stay valid."""
@@ -143,6 +148,7 @@ def test_failed_results_are_not_values(mode):
         _device_works()
 
 
+@_all_modes
 def test_valid_values_pass_in_every_mode():
     """Checked ops with good values give CPU's results (negative indices where PyTorch takes them)."""
     for mode in MODES:
@@ -151,7 +157,8 @@ def test_valid_values_pass_in_every_mode():
             i = torch.tensor([[3, 0], [1, -4]])
             assert x.to("tpu")[i.to("tpu")].cpu().equal(x[i])
             assert torch.take(x.to("tpu"), i.to("tpu")).cpu().equal(torch.take(x, i))
-            assert torch.gather(x.to("tpu"), 1, i.abs().to("tpu")).cpu().equal(torch.gather(x, 1, i.abs()))
+            j = i.remainder(4)
+            assert torch.gather(x.to("tpu"), 1, j.to("tpu")).cpu().equal(torch.gather(x, 1, j))
             target = torch.tensor([2, -100])
             logits = torch.randn(2, 3)
             torch.testing.assert_close(F.cross_entropy(logits.to("tpu"), target.to("tpu")).cpu(),
@@ -180,6 +187,7 @@ class _Model(torch.nn.Module):
         return self.out(torch.tanh(self.emb(tokens)))  # the embedding line: named by the error
 
 
+@_all_modes
 @pytest.mark.parametrize("mode", MODES)
 def test_training_loop_fault_at_step_5(mode):
     """Steps 1-4 match CPU; step 5's bad token raises at its first materialization point (loss.item()),

@@ -126,6 +126,8 @@ def record(spec, lowering, via_functional: bool, full: list):
         if sig is None:
             sig = executor.signature(spec, lowering, full)
         key, addresses, entries, scalars, device, generator = sig
+        if valuecheck.any_lost:  # reading the result of an op that failed a value check raises
+            valuecheck.raise_if_lost(entries)
         if lowering.rng:  # seed and offset are taken now: the same stream as Strict
             scalars.extend(executor._rng_scalars(generator, device))
         if lowering.precision:

@@ -217,7 +217,9 @@ def _highest(dtype):
 @lowers(aten.index_add.default)
 @checked
 def index_add(x, dim, index, source, alpha=1):
-    checks.require_index(index, x.shape[dim % x.ndim] if x.ndim else 1, checks.GATHER_BOUNDS, dim % max(x.ndim, 1))
+    # PyTorch's CPU kernel: a 1-D (or 0-D) self raises IndexError, others a RuntimeError naming the dim.
+    code = checks.INDEX_IN_SELF if x.ndim <= 1 else checks.GATHER_BOUNDS
+    checks.require_index(index, x.shape[dim % x.ndim] if x.ndim else 1, code, dim % max(x.ndim, 1))
     if x.ndim == 0:
         return x + jnp.sum(source) * alpha
     dim = dim % x.ndim
