@@ -61,7 +61,11 @@ def _same_dtype(out: torch.Tensor, dtype: torch.dtype) -> None:
 
 
 def _write(out: torch.Tensor, result: torch.Tensor, inputs=()) -> torch.Tensor:
-    """Resize `out` to the result (as PyTorch's out= ops do, first), check it, copy the result in."""
+    """Resize `out` to the result (as PyTorch's out= ops do, first), check it, copy the result in.
+
+    Checked before the resize too: growing a view keeps its overlaps, but a grown storage may move.
+    """
+    _check(out, inputs)
     if out.shape != result.shape:
         if out.numel() != 0:
             import warnings
