@@ -114,6 +114,9 @@ class Config:
     kernels: str = field(default_factory=lambda: _choice("TORCH_TPU_KERNELS", ("auto", "always", "never"), "auto"))
     # torch.compile(backend="tpu") (docs/compile.md): dump every ATen FX graph and its StableHLO here.
     compile_dump_dir: str | None = field(default_factory=lambda: _path("TORCH_TPU_COMPILE_DUMP_DIR"))
+    # Value checks (docs/reliability.md): programs of ops that PyTorch checks by value (indices, targets,
+    # probabilities) compute an error flag, raised at the next materialization point; 0 turns them off.
+    value_checks: bool = field(default_factory=lambda: _flag("TORCH_TPU_VALUE_CHECKS", default=True))
 
     def __post_init__(self):
         if self.launch_blocking and self.defer_and_fuse:

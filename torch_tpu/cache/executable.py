@@ -101,12 +101,34 @@ def _list_call(runtime, n_outputs: int):
     return call
 
 
+_lapack_ready = False
+
+
+def _prepare_custom_calls(payload: bytes, device) -> None:
+    """Make the host libraries an executable's custom calls jump into ready before it runs.
+
+    NOTE(jax 0.10): on XLA:CPU, factorizations (cholesky, LU, QR, eigh, SVD...) are custom calls
+    into LAPACK whose function pointers jaxlib fills in lazily, when a LAPACK op is first *lowered*
+    in the process. An executable loaded from the compile cache skips lowering, so its custom call
+    jumped through a null pointer: a segfault (issue 13). Lowering one small LAPACK op, once, fills
+    every pointer (through the public API); the target names are in the payload's HLO.
+    """
+    global _lapack_ready
+    if _lapack_ready or device.platform != "cpu" or b"lapack_" not in payload:
+        return
+    import jax.numpy as jnp
+
+    jax.jit(jax.lax.linalg.cholesky).lower(jnp.ones((1, 1), jnp.float32))
+    _lapack_ready = True
+
+
 def deserialize(payload: bytes, device, in_tree, out_tree):
     """Load PJRT bytes onto `device` as a callable taking `in_tree` and returning `out_tree`.
 
     `in_tree` is the tree of `(args, kwargs)`, as `jax.stages.Lowered.in_tree`.
     Raises if XLA cannot parse the bytes.
     """
+    _prepare_custom_calls(payload, device)
     runtime = device.client.deserialize_executable(payload, [device])
     args = in_tree.children()[0] if in_tree.node_data() == (tuple, None) and in_tree.children() else None
     no_kwargs = args is not None and in_tree.children()[1] == jax.tree_util.tree_structure({})

@@ -45,6 +45,7 @@ import sys
 import threading
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import torch
 
@@ -53,7 +54,7 @@ from torch_tpu import profiler as _trace
 from torch_tpu.config import config
 from torch_tpu.eager import executor
 from torch_tpu.eager import program as program_mod
-from torch_tpu.eager import repeats, strided
+from torch_tpu.eager import cpu_errors, repeats, strided, valuecheck
 from torch_tpu.runtime import dtypes, platform, storage
 from torch_tpu.runtime.errors import translate_runtime_error
 
@@ -125,6 +126,8 @@ def record(spec, lowering, via_functional: bool, full: list):
         if sig is None:
             sig = executor.signature(spec, lowering, full)
         key, addresses, entries, scalars, device, generator = sig
+        if valuecheck.any_lost:  # reading the result of an op that failed a value check raises
+            valuecheck.raise_if_lost(entries)
         if lowering.rng:  # seed and offset are taken now: the same stream as Strict
             scalars.extend(executor._rng_scalars(generator, device))
         if lowering.precision:
@@ -193,9 +196,12 @@ def _check(key, prog, scalars) -> None:
     ]
     try:
         jax.eval_shape(prog.trace, shapes, list(scalars))
-    except Exception:
+    except Exception as err:
         executor.programs.pop(key, None)
-        raise
+        replacement = cpu_errors.as_cpu_error(prog.spec, key, scalars, err)  # PyTorch's error, as in Strict
+        if replacement is err:
+            raise
+        raise replacement from None
 
 
 # Frames in these files are library code: errors name the first frame outside them.
@@ -313,7 +319,7 @@ class Segment:
     """One fused program of a plan: which values go in, which nodes run, which values come out."""
 
     __slots__ = ("device", "nodes", "sources", "donated", "kept", "outputs", "drop", "fingerprint", "steps",
-                 "n_inputs", "local_outputs", "out_shapes", "reshaped", "offset_positions")
+                 "n_inputs", "local_outputs", "out_shapes", "reshaped", "offset_positions", "checked")
 
     def run(self, graph, values: dict) -> None:
         ext = graph.ext
@@ -356,8 +362,20 @@ class Segment:
         _counts.fused_donations += len(self.donated)
         for ref, array in zip(self.outputs, results):
             values[ref] = array
+        if self.checked:  # the error flags of value-checked ops come last (eager/valuecheck.py)
+            self._launched_checks(nodes, values, results[-1])
         for ref in self.drop:
             values.pop(ref, None)
+
+    def _launched_checks(self, nodes, values, flags) -> None:
+        checked = []
+        for s in self.checked:
+            i = self.nodes[s]
+            node = nodes[i]
+            n_results = _fresh_count(node.prog) + len(node.prog.updated_slots)
+            results = [values[i * _OUT + k] for k in range(n_results) if i * _OUT + k in values]
+            checked.append((node.prog.spec.name, node.where, results))
+        valuecheck.launched_fused(flags, checked)
 
     def signature(self, nodes):
         """What determines the fused program, as plain data (a program key: no tracing in a later process).
@@ -367,7 +385,8 @@ class Segment:
         if not all(program_mod.indexable(nodes[i].prog) for i in self.nodes):
             return None
         steps = tuple((prog.key, refs, n_scalars) for prog, refs, n_scalars in self.steps)
-        return ("fused", steps, self.n_inputs, self.donated, self.kept, self.local_outputs, self.out_shapes)
+        return ("fused", steps, self.n_inputs, self.donated, self.kept, self.local_outputs, self.out_shapes,
+                self.checked)
 
     def _compile(self, graph, donated, kept, scalars, key, offsets):
         nodes = graph.nodes
@@ -377,7 +396,7 @@ class Segment:
         fused.wheres = [nodes[i].where for i in self.nodes]
         fused.names = [nodes[i].prog.spec.name for i in self.nodes]
         sharding = platform.get().shardings[self.device]
-        out_tree = jax.tree_util.tree_structure([0] * len(self.local_outputs))
+        out_tree = jax.tree_util.tree_structure([0] * (len(self.local_outputs) + bool(self.checked)))
         try:
             signature = self.signature(nodes)
             if signature is not None and offsets is not None:
@@ -463,16 +482,21 @@ def _fused_function(steps, n_inputs, donated_positions, kept_positions, outputs,
         for position, value in zip(kept_positions, kept):
             values[position] = value
         offset = 0
+        flags = []
         for s, (prog, refs, n_scalars) in enumerate(steps):
             try:
                 fresh, updated = prog.trace([values[r] for r in refs], scalars[offset:offset + n_scalars])
             except Exception as err:
                 _note(err, f"in the deferred op {fused.names[s]}, recorded at:\n  {describe(fused.wheres[s])}")
                 raise
+            if prog.checks:  # a value-checked op: its error flag follows its updated slots
+                flags.append(updated[-1])
+                updated = updated[:-1]
             offset += n_scalars
             values.extend(fresh)
             values.extend(updated)
-        return [values[i].reshape(shape) for i, shape in zip(outputs, shapes)]
+        results = [values[i].reshape(shape) for i, shape in zip(outputs, shapes)]
+        return [*results, jnp.stack(flags)] if flags else results
 
     fused.wheres = []
     fused.names = []
@@ -731,5 +755,6 @@ def _make_plan(graph, outputs: tuple, donate: frozenset) -> Plan:
             positions.extend(start + p for p in program_mod.offset_positions(prog))
             start += n_scalars
         segment.offset_positions = tuple(positions)
+        segment.checked = tuple(s for s, (prog, _, _) in enumerate(steps) if prog.checks)
         segments.append(segment)
     return Plan(segments)

@@ -222,6 +222,8 @@ def _execute_slow(spec: OpSpec, lowering: Lowering, via_functional: bool, full: 
     if sig is None:
         sig = signature(spec, lowering, full)
     key, slot_addresses, slot_entries, scalars, device, generator = sig
+    if _valuecheck.any_lost:  # reading the result of an op that failed a value check raises
+        _valuecheck.raise_if_lost(slot_entries)
     if lowering.rng:
         scalars.extend(_rng_scalars(generator, device))
     if lowering.precision:
@@ -259,9 +261,11 @@ def _execute_slow(spec: OpSpec, lowering: Lowering, via_functional: bool, full: 
     _counts.ops_executed += 1
     if updated:
         slot_dtypes = prog.slot_dtypes
-        for slot, array in zip(prog.updated_slots, updated):
+        for slot, array in zip(prog.updated_slots, updated):  # a value-checked program's flag comes last
             _buffers[slot_addresses[slot]] = (array, slot_dtypes[slot])
     outs = _new_outputs(prog.layouts, fresh, device, _buffers)
+    if prog.checks:  # checked at the next materialization point (now, in Debug mode)
+        _valuecheck.launched(updated[-1], spec.name, [*fresh, *updated[:-1]])
     return _returns(spec, prog, full, outs)
 
 
@@ -312,3 +316,4 @@ def _resize_out(t: torch.Tensor, sizes) -> None:
 
 
 from torch_tpu.eager import defer as _defer  # noqa: E402  (a cycle: defer uses this module's functions)
+from torch_tpu.eager import valuecheck as _valuecheck  # noqa: E402

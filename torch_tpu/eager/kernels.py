@@ -68,10 +68,11 @@ def register_all() -> None:
 
         for op, kernel in special.kernels().items():
             add(op, kernel)
-        for op, kernel in registry.kernels().items():  # torch-level kernels (ops/dynamic.py)
+        torch_level = registry.kernels()
+        for op, kernel in torch_level.items():  # torch-level kernels (ops/dynamic.py)
             add(op, kernel)
             for variant in mutating_variants(op):
-                if variant not in _kernels and registry.get(variant) is None:
+                if variant not in _kernels and registry.get(variant) is None and variant not in torch_level:
                     add(variant, _written_by(variant, kernel))
         for op, lowering in registry.table().items():
             if op in _kernels:

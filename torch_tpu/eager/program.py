@@ -29,8 +29,10 @@ import torch
 from torch._prims_common import elementwise_dtypes
 
 from torch_tpu import cache, compile_notice, precision
-from torch_tpu.eager import strided
+from torch_tpu.config import config
+from torch_tpu.eager import cpu_errors, strided
 from torch_tpu.eager.opspec import Arg, OpSpec
+from torch_tpu.ops import checks
 from torch_tpu.ops.registry import Lowering
 from torch_tpu.runtime import dtypes
 
@@ -73,7 +75,7 @@ class OpProgram:
     """Everything derived from one signature; `executable` is jitted on first strict use."""
 
     __slots__ = ("key", "spec", "outputs", "layouts", "return_counts", "input_slots", "updated_slots", "slot_dtypes",
-                 "resize", "trace", "executable", "device", "fast", "lowering", "values")
+                 "resize", "trace", "executable", "device", "fast", "lowering", "values", "checks")
 
     def __init__(self, key, spec, outputs, return_counts, input_slots, updated_slots, slot_dtypes, resize, trace,
                  device, values=()):
@@ -92,10 +94,12 @@ class OpProgram:
         self.values = values  # the meta run's non-tensor returns (SymInts), in order
         self.fast = None  # what the native cache-hit path needs, once the executable exists
         self.lowering = None  # the Lowering it was built from
+        # Value checks (ops/checks.py): the trace returns the op's error flag after the updated slots.
+        self.checks = False
 
     def enable_fast_path(self) -> None:
         """Hand the native cache-hit path everything it needs (not for out= resizes or non-tensor returns)."""
-        if self.resize or self.executable is None or self.values:
+        if self.resize or self.executable is None or self.values or self.checks:
             return
         plan, position, counts = [], 0, iter(self.return_counts or ())
         for kind, info in self.spec.returns:
@@ -126,6 +130,16 @@ class OpProgram:
 
 def build(key, spec: OpSpec, lowering: Lowering, scalars: list, via_functional: bool) -> OpProgram:
     """Compile-time work for a new signature: meta run, promotion, trace."""
+    try:
+        return _build(key, spec, lowering, scalars, via_functional)
+    except cpu_errors.FOREIGN as err:  # PyTorch's CPU error for the same arguments, if it has one
+        replacement = cpu_errors.as_cpu_error(spec, key, scalars, err)
+        if replacement is err:
+            raise
+        raise replacement from None
+
+
+def _build(key, spec: OpSpec, lowering: Lowering, scalars: list, via_functional: bool) -> OpProgram:
     device = key[1]
     key_args = key[2:2 + spec.n_args]
     slots = key[2 + spec.n_args]
@@ -173,14 +187,16 @@ def build(key, spec: OpSpec, lowering: Lowering, scalars: list, via_functional: 
             if resize:
                 return OpProgram(key, spec, outputs, return_counts, input_slots, updated_slots, slot_dtypes, resize,
                                  None, device)
+    checked = config.value_checks and checks.declares(lowering.fn)
     trace = _make_trace(spec, lowering, key_args, slots, slot_dtypes, passed, input_slots, updated_slots, outputs,
-                        compute_dtype)
+                        compute_dtype, checked=checked)
     if lowering.precision:  # products run at the level in the key, wherever and whenever the trace runs
         trace = precision.bind(trace, key[-1])
     trace.op_name = str(spec.op)  # what a long-compile notice names (compile_notice.py)
     program = OpProgram(key, spec, outputs, return_counts, input_slots, updated_slots, slot_dtypes, resize, trace,
                         device, tuple(values))
     program.lowering = lowering
+    program.checks = checked
     return program
 
 
@@ -349,7 +365,7 @@ def _probe_outputs(spec, lowering, key_args, slots, slot_dtypes, passed, input_s
 
 
 def _make_trace(spec, lowering, key_args, slots, slot_dtypes, passed, input_slots, updated_slots, outputs, compute_dtype,
-                flatten=True):
+                flatten=True, checked=False):
     fn = lowering.fn
     scope = str(spec.op)
     writes = spec.writes
@@ -384,7 +400,11 @@ def _make_trace(spec, lowering, key_args, slots, slot_dtypes, passed, input_slot
             if jax_compute is not None:
                 args = [_cast(a, jax_compute) if i in promoted else a for i, a in enumerate(args)]
             kwargs = {"key": _rng_key(scalars[-RNG_SCALARS:])} if n_rng else {}
-            result = fn(*(args[i] for i in passed), **kwargs)
+            if checked:
+                with checks.collecting() as flags:
+                    result = fn(*(args[i] for i in passed), **kwargs)
+            else:
+                result = fn(*(args[i] for i in passed), **kwargs)
             results = _as_list(result, n_fresh + len(writes), spec)
 
             if not flatten:  # shape probe: the fresh results and the written values as the lowering made them
@@ -407,6 +427,8 @@ def _make_trace(spec, lowering, key_args, slots, slot_dtypes, passed, input_slot
                     buf = strided.reinterpret(bufs[slot], dtypes.to_jax(dtype))
                     buf = strided.write(buf, jnp.asarray(v), sizes, strides, offsets[(arg_index, j)])
                     bufs[slot] = strided.reinterpret(buf, slot_layout[slot][0])
+            if checked:
+                return fresh_buffers, [*(bufs[i] for i in updated_slots), checks.combine(flags)]
             return fresh_buffers, [bufs[i] for i in updated_slots]
 
     return trace
@@ -467,9 +489,20 @@ def compile_indexed(fn, sharding, args: tuple, signature, out_tree, donate_argnu
 def compile_program(program: OpProgram, sharding, slot_arrays, scalars):
     """The program's executable for its device, through the compile cache (cache/)."""
     n_fresh = sum(meta is not None for meta in program.outputs)  # results: (fresh, updated)
-    out_tree = jax.tree_util.tree_structure(([0] * n_fresh, [0] * len(program.updated_slots)))
-    executable = compile_indexed(program.trace, sharding, (slot_arrays, scalars),
-                                 program.key if indexable(program) else None, out_tree)
+    n_updated = len(program.updated_slots) + program.checks  # the error flag follows the updated slots
+    out_tree = jax.tree_util.tree_structure(([0] * n_fresh, [0] * n_updated))
+    signature = None
+    if indexable(program):
+        signature = (program.key, "value checks") if program.checks else program.key
+    try:
+        executable = compile_indexed(program.trace, sharding, (slot_arrays, scalars), signature, out_tree)
+    except cpu_errors.FOREIGN as err:  # a lowering rejected the arguments: PyTorch's CPU error if it has one
+        if isinstance(err, jax.errors.JaxRuntimeError):
+            raise
+        replacement = cpu_errors.as_cpu_error(program.spec, program.key, scalars, err)
+        if replacement is err:
+            raise
+        raise replacement from None
     program.executable = executable
     program.enable_fast_path()
     return executable

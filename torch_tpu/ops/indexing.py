@@ -4,9 +4,9 @@ masked_scatter, sort, topk, searchsorted/bucketize.
 Boolean masks reach `index`/`index_put` already turned into index tensors
 (ops/dynamic.py), except `x[mask] = scalar`, which needs no size and is a select here.
 
-NOTE(torch-vs-xla): PyTorch raises on out-of-range indices; XLA clamps
-gathers and drops out-of-range scatters. Debug mode (TORCH_TPU_LAUNCH_BLOCKING)
-does not add bounds checks either.
+NOTE(torch-vs-xla): XLA clamps gathers and drops out-of-range scatters, where
+PyTorch raises. The lowerings state PyTorch's bounds (ops/checks.py): a bad
+index raises PyTorch's error at the next materialization point.
 """
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from torch_tpu.ops import checks
+from torch_tpu.ops.checks import checked
 from torch_tpu.ops.registry import Promote, aten, lowers
 
 
@@ -21,13 +23,41 @@ def _index_tuple(indices):
     return tuple(slice(None) if i is None else i for i in indices)
 
 
-@lowers(aten.index.Tensor, aten._unsafe_index.Tensor)
+def _check_indices(x, indices):
+    """Advanced indices in [-size, size) of the dims they index (PyTorch's IndexError)."""
+    dim = 0
+    for i in indices:
+        if i is None:
+            dim += 1
+            continue
+        if i.dtype == jnp.bool_:
+            dim += i.ndim
+            continue
+        checks.require_index(i, x.shape[dim], checks.INDEX_BOUNDS, dim, negative=True)
+        dim += 1
+
+
+@lowers(aten.index.Tensor)
+@checked
 def index(x, indices):
+    _check_indices(x, indices)
     return x[_index_tuple(indices)]
 
 
-@lowers(aten.index_put.default, aten._index_put_impl.default, aten._unsafe_index_put.default)
+@lowers(aten._unsafe_index.Tensor)
+def unsafe_index(x, indices):
+    return x[_index_tuple(indices)]
+
+
+@lowers(aten.index_put.default, aten._index_put_impl.default)
+@checked
 def index_put(x, indices, values, accumulate=False, unsafe=False):
+    _check_indices(x, indices)
+    return unsafe_index_put(x, indices, values, accumulate)
+
+
+@lowers(aten._unsafe_index_put.default)
+def unsafe_index_put(x, indices, values, accumulate=False):
     values = values.astype(x.dtype)
     masks = [(p, i) for p, i in enumerate(indices) if i is not None and i.dtype == jnp.bool_]
     if masks:  # `x[mask] = scalar` (the only boolean case that reaches a lowering): a select
@@ -48,6 +78,8 @@ def masked_scatter(x, mask, source):
 
     x and mask broadcast against each other (the out-of-place op's result has their joint shape).
     """
+    if mask.dtype != jnp.bool_:  # PyTorch's CPU kernel raises its own error (eager/cpu_errors.py)
+        raise TypeError(f"masked_scatter: mask of dtype {mask.dtype}")
     shape = jnp.broadcast_shapes(x.shape, mask.shape)
     x = jnp.broadcast_to(x, shape)
     flat_mask = jnp.broadcast_to(mask, shape).reshape(-1)
@@ -59,14 +91,18 @@ def masked_scatter(x, mask, source):
 
 
 @lowers(aten.take.default)
+@checked
 def take(x, index):
     flat = x.reshape(-1)
+    checks.require_index(index, flat.shape[0], checks.TAKE, negative=True)
     return flat[jnp.where(index < 0, index + flat.shape[0], index)]
 
 
 @lowers(aten.put.default)
+@checked
 def put(x, index, source, accumulate=False):
     flat = x.reshape(-1)
+    checks.require_index(index, flat.shape[0], checks.TAKE, negative=True)
     index = jnp.where(index < 0, index + flat.shape[0], index).reshape(-1)
     ref = flat.at[index]
     values = source.reshape(-1).astype(x.dtype)
@@ -76,7 +112,9 @@ def put(x, index, source, accumulate=False):
 
 
 @lowers(aten.index_select.default)
+@checked
 def index_select(x, dim, index):
+    checks.require_index(index, x.shape[dim] if x.ndim else 1, checks.INDEX_IN_SELF)
     if x.ndim == 0:
         return jnp.take(x.reshape(1), index.reshape(-1), axis=0).reshape(())
     return jnp.take(x, index.reshape(-1), axis=dim)
@@ -91,13 +129,21 @@ def _full_index(index, dim):
 
 
 @lowers(aten.gather.default)
+@checked
 def gather(x, dim, index, sparse_grad=False):
     if index.size == 0:  # PyTorch skips the rank check for an empty index: nothing is read
         return jnp.zeros(index.shape, x.dtype)
+    _check_dim_index(x, dim, index)
     if x.ndim == 0:
         return jnp.broadcast_to(x, index.shape)
     dim = dim % x.ndim
     return x[_full_index(index, dim)]
+
+
+def _check_dim_index(x, dim, index):
+    """gather/scatter indices in [0, size) of `dim` (PyTorch's RuntimeError)."""
+    dim = dim % max(x.ndim, 1)
+    checks.require_index(index, x.shape[dim] if x.ndim else 1, checks.GATHER_BOUNDS, dim)
 
 
 def _scatter(x, dim, index, src, reduce=None):
@@ -127,22 +173,30 @@ def _scatter(x, dim, index, src, reduce=None):
 
 
 @lowers(aten.scatter.src, aten.scatter.value)
+@checked
 def scatter(x, dim, index, src):
+    _check_dim_index(x, dim, index)
     return _scatter(x, dim, index, src)
 
 
 @lowers(aten.scatter.reduce, aten.scatter.value_reduce)
+@checked
 def scatter_reduce_legacy(x, dim, index, src, reduce):
+    _check_dim_index(x, dim, index)
     return _scatter(x, dim, index, src, reduce)
 
 
 @lowers(aten.scatter_add.default)
+@checked
 def scatter_add(x, dim, index, src):
+    _check_dim_index(x, dim, index)
     return _scatter(x, dim, index, src, "add")
 
 
 @lowers(aten.scatter_reduce.two)
+@checked
 def scatter_reduce(x, dim, index, src, reduce, include_self=True):
+    _check_dim_index(x, dim, index)
     if reduce == "mean":
         total = _scatter(x if include_self else jnp.zeros_like(x), dim, index, src, "add")
         ones = jnp.ones(index.shape, x.dtype)
@@ -170,7 +224,11 @@ def _highest(dtype):
 
 
 @lowers(aten.index_add.default)
+@checked
 def index_add(x, dim, index, source, alpha=1):
+    # PyTorch's CPU kernel: a 1-D (or 0-D) self raises IndexError, others a RuntimeError naming the dim.
+    code = checks.INDEX_IN_SELF if x.ndim <= 1 else checks.GATHER_BOUNDS
+    checks.require_index(index, x.shape[dim % x.ndim] if x.ndim else 1, code, dim % max(x.ndim, 1))
     if x.ndim == 0:
         return x + jnp.sum(source) * alpha
     dim = dim % x.ndim
@@ -181,7 +239,9 @@ def index_add(x, dim, index, source, alpha=1):
 
 
 @lowers(aten.index_copy.default)
+@checked
 def index_copy(x, dim, index, source):
+    checks.require_index(index, x.shape[dim % x.ndim] if x.ndim else 1, checks.INDEX_COPY, dim % max(x.ndim, 1))
     if x.ndim == 0:
         return source.reshape(())
     dim = dim % x.ndim
@@ -189,7 +249,9 @@ def index_copy(x, dim, index, source):
 
 
 @lowers(aten.index_reduce.default)
+@checked
 def index_reduce(x, dim, index, source, reduce, include_self=True):
+    checks.require_index(index, x.shape[dim % x.ndim] if x.ndim else 1, checks.INDEX_IN_SELF)
     if x.ndim == 0:
         x, source, squeeze = x.reshape(1), source.reshape(1), True
     else:
@@ -215,7 +277,9 @@ def index_reduce(x, dim, index, source, reduce, include_self=True):
 
 
 @lowers(aten.index_fill.int_Scalar, aten.index_fill.int_Tensor)
+@checked
 def index_fill(x, dim, index, value):
+    checks.require_index(index, x.shape[dim % x.ndim] if x.ndim else 1, checks.INDEX_BOUNDS, dim % max(x.ndim, 1), negative=True)
     if x.ndim == 0:
         return jnp.asarray(value).astype(x.dtype)
     dim = dim % x.ndim

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from torch_tpu.ops import checks
 from torch_tpu.ops.registry import Promote, aten, lowers
 
 _NONE, _MEAN, _SUM = 0, 1, 2
@@ -45,8 +46,11 @@ def _nll_weights(x, target, weight, ignore_index, class_dim):
 
 
 @lowers(aten.nll_loss_forward.default, aten.nll_loss2d_forward.default)
+@checks.checked
 def nll_loss_forward(x, target, weight, reduction, ignore_index):
     class_dim = 0 if x.ndim == 1 else 1
+    n_classes = x.shape[class_dim]
+    checks.require((target == ignore_index) | ((target >= 0) & (target < n_classes)), checks.TARGET, target)
     safe, wt = _nll_weights(x, target, weight, ignore_index, class_dim)
     picked = jnp.take_along_axis(x, jnp.expand_dims(safe, class_dim), axis=class_dim).squeeze(class_dim)
     loss = -picked * wt

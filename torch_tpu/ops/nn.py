@@ -8,6 +8,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from torch_tpu.ops import checks
 from torch_tpu.ops._dims import axis
 from torch_tpu.ops.registry import aten, lowers
 
@@ -59,7 +60,9 @@ def native_dropout_backward(grad, mask, scale):
 
 # ---------------------------------------------------------------- embedding
 @lowers(aten.embedding.default)
+@checks.checked
 def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    checks.require_index(indices, weight.shape[0], checks.INDEX_IN_SELF)
     return jnp.take(weight, indices, axis=0)
 
 
@@ -100,8 +103,11 @@ def _bags(indices, offsets, include_last_offset, padding_idx):
 
 
 @lowers(aten._embedding_bag.default, aten._embedding_bag_forward_only.default)
+@checks.checked
 def embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=_SUM, sparse=False,
                   per_sample_weights=None, include_last_offset=False, padding_idx=-1):
+    ok = (indices >= 0) & (indices < weight.shape[0])
+    checks.require(ok, checks.EMBEDDING_BAG, indices, jnp.argmax(~ok.reshape(-1)), weight.shape[0])
     n_bags, bag, valid = _bags(indices, offsets, include_last_offset, padding_idx)
     rows = jnp.take(_opmath(weight), indices, axis=0)
     count = jax.ops.segment_sum(valid.astype(jnp.int64), bag, n_bags)

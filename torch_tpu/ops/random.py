@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from torch_tpu.ops import checks
 from torch_tpu.ops.registry import aten, lowers
 
 
@@ -16,7 +17,10 @@ def _float_dtype(dtype):
 
 
 @lowers(aten.uniform.default, rng=True)
+@checks.checked
 def uniform(x, low=0.0, high=1.0, generator=None, *, key):
+    checks.require(jnp.asarray(low) <= jnp.asarray(high), checks.UNIFORM_RANGE, checks.float_bits(low), 0,
+                   checks.float_bits(high))
     dt = _float_dtype(x.dtype)
     return jax.random.uniform(key, x.shape, dtype=jnp.float32, minval=low, maxval=high).astype(dt)
 
@@ -42,18 +46,34 @@ def normal_float_tensor(mean, std, generator=None, *, key):
     return jax.random.normal(key, std.shape, dtype=jnp.float32) * std + mean
 
 
+def _check_probability(p):
+    p = jnp.asarray(p)
+    if p.ndim == 0 and not jnp.issubdtype(p.dtype, jnp.floating):  # an integer p: 0 or 1 are the valid ones
+        p = p.astype(jnp.float64)
+    if p.ndim == 0:  # a Python float (bernoulli_.float, bernoulli.p): PyTorch's message shows it
+        checks.require((p >= 0) & (p <= 1), checks.BERNOULLI_FLOAT, checks.float_bits(p))
+    else:
+        checks.require((p >= 0) & (p <= 1), checks.BERNOULLI)
+
+
 @lowers(aten.bernoulli_.float, aten.bernoulli_.Tensor, rng=True)
+@checks.checked
 def bernoulli_(x, p=0.5, generator=None, *, key):
+    _check_probability(p)
     return jax.random.bernoulli(key, p, x.shape).astype(x.dtype)
 
 
 @lowers(aten.bernoulli.default, rng=True)
+@checks.checked
 def bernoulli(x, generator=None, *, key):
+    checks.require((x >= 0) & (x <= 1), checks.BERNOULLI)
     return jax.random.bernoulli(key, x.astype(jnp.float32), x.shape).astype(x.dtype)
 
 
 @lowers(aten.bernoulli.p, rng=True)
+@checks.checked
 def bernoulli_p(x, p, generator=None, *, key):
+    _check_probability(p)
     return jax.random.bernoulli(key, p, x.shape).astype(x.dtype)
 
 
@@ -97,7 +117,11 @@ def randperm_out(n, generator=None, out=None, *, key):
 
 
 @lowers(aten.multinomial.default, rng=True)
+@checks.checked
 def multinomial(probs, num_samples, replacement=False, generator=None, *, key):
+    p = probs.astype(jnp.float32)
+    checks.require(jnp.isfinite(p) & (p >= 0), checks.MULTINOMIAL_INVALID)
+    checks.require(jnp.sum(jnp.where(p > 0, p, 0), axis=-1) > 0, checks.MULTINOMIAL_SUM)
     logits = jnp.log(probs.astype(jnp.float32))
     if replacement:
         draws = jax.random.categorical(key, logits, axis=-1, shape=(num_samples,) + probs.shape[:-1])

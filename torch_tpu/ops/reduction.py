@@ -302,6 +302,9 @@ def cummin(x, dim):
 
 @lowers(aten._logcumsumexp.default)
 def logcumsumexp(x, dim):
+    rank = max(x.ndim, 1)
+    if not -rank <= dim < rank:  # PyTorch's meta kernel does not check it
+        raise IndexError(f"Dimension out of range (expected to be in range of [{-rank}, {rank - 1}], but got {dim})")
     if x.ndim == 0:
         return x
     a = _acc(x) if jnp.issubdtype(x.dtype, jnp.floating) else x

@@ -28,6 +28,9 @@ _drain_freed = _native.drain_freed
 # Set by DeferAndFuse (eager/defer.py) while a recorded graph holds pending
 # values: the function that runs it. None otherwise: materialize() is a no-op.
 _flush = None
+# Set by the value checks (eager/valuecheck.py) while error flags of launched programs are
+# unchecked: the function that checks them (and raises). None otherwise.
+_check = None
 
 
 def drain() -> None:
@@ -54,6 +57,12 @@ def set_flush(flush) -> None:
     _flush = flush
 
 
+def set_check(check) -> None:
+    """Register the function that checks pending error flags at a materialization point (None: none pending)."""
+    global _check
+    _check = check
+
+
 def materialize(reason: str = "read") -> None:
     """Make every buffer value concrete before reading one (a materialization point).
 
@@ -67,6 +76,9 @@ def materialize(reason: str = "read") -> None:
     flush = _flush
     if flush is not None:
         flush(reason)
+    check = _check
+    if check is not None:
+        check(reason)
 
 
 def resized(old_address: int, new_address: int, old_nbytes: int, new_nbytes: int) -> None:
@@ -75,13 +87,18 @@ def resized(old_address: int, new_address: int, old_nbytes: int, new_nbytes: int
     Kept bytes keep their values; new bytes read as zeros; resize_(0) drops the buffer
     (FSDP2 frees unsharded parameters so and re-allocates them before its all-gathers).
     """
-    materialize("resize")
+    flush = _flush  # pending values, not value checks: a check's error is not to be raised inside resize_
+    if flush is not None:
+        flush("resize")
     entry = buffers.pop(old_address, None)
     if entry is None or new_nbytes == 0:
         return
     import jax.numpy as jnp
 
     value, dtype = entry
+    if not hasattr(value, "shape"):  # a lost value (a failed value check or deferred graph) stays lost
+        buffers[new_address] = entry
+        return
     n = new_nbytes // dtype.itemsize
     if n <= value.shape[0]:
         buffers[new_address] = (value[:n], dtype)

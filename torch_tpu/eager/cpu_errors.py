@@ -1,0 +1,74 @@
+"""PyTorch's own argument errors for calls our tracing rejects in its own words.
+
+A program is built from a meta run (PyTorch's shapes and errors) and a JAX
+trace. Some bad arguments pass the meta kernel and fail in JAX instead (a
+`TypeError`/`ValueError` of a lowering: a negative dilation, 2-D boundaries for
+bucketize), and some meta kernels raise another type than the CPU kernel (an
+`AssertionError` for a 0-D embedding weight, a `RuntimeError` where CPU raises
+`IndexError`). PyTorch's CPU kernel is the reference for argument errors: the
+call is replayed on CPU tensors of the same shapes and dtypes (zeros), and its
+error is raised instead. If the CPU accepts the call, the original error
+stands (it is ours).
+
+Owns: the replay. Does not own: which errors go through it (program.py, defer.py).
+"""
+from __future__ import annotations
+
+import math
+import warnings
+
+import torch
+
+# Errors a lowering or meta kernel raises that are not PyTorch-style argument errors.
+FOREIGN = (TypeError, ValueError, IndexError, AssertionError, KeyError, RuntimeError)
+_MAX_ELEMENTS = 1 << 24
+_INTERNAL_OVERLAP = ("unsupported operation: more than one element of the written-to tensor refers to a single "
+                     "memory location. Please clone() the tensor before performing the operation.")  # never allocate a big CPU copy on an error path
+
+
+def as_cpu_error(spec, key, scalars, err: BaseException) -> BaseException:
+    """The error PyTorch's CPU kernel raises for this call (same shapes and dtypes), or `err`."""
+    from torch_tpu.eager import program  # noqa: PLC0415  (program imports this module)
+
+    if not isinstance(err, FOREIGN) or isinstance(err, NotImplementedError):
+        return err
+    key_args = key[2:2 + spec.n_args]
+    for i in spec.writes:  # an expanded tensor written in place or as out=: PyTorch refuses it
+        for entry in program.tensor_entries(spec.kinds[i], key_args[i]):
+            if any(stride == 0 and size > 1 for size, stride in zip(entry[2], entry[3])):
+                return RuntimeError(_INTERNAL_OVERLAP)
+    too_big = []
+
+    def tensor(entry, offset):
+        if math.prod(entry[2]) > _MAX_ELEMENTS:
+            too_big.append(entry)
+        return torch.zeros(entry[2] if not too_big else (), dtype=entry[1])
+
+    try:
+        args, _ = program._rebuild(spec, key_args, [_host(s) for s in scalars], tensor, lambda v, t: v,
+                                   lambda v, dtype: torch.tensor(v, dtype=dtype), lambda vs, ts: list(vs))
+    except Exception:
+        return err
+    if too_big:
+        return err
+    if "device" in spec.index:
+        args[spec.index["device"]] = torch.device("cpu")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            spec.call(args)
+    except Exception as cpu_err:  # noqa: BLE001  (PyTorch's own error: the one to raise)
+        if type(cpu_err) is type(err) and str(cpu_err) == str(err):
+            return err
+        return cpu_err
+    return err
+
+
+def _host(value):
+    """A runtime scalar as a Python value (the executors may hold it as a device scalar)."""
+    if hasattr(value, "shape") and not isinstance(value, (int, float, bool, complex)):
+        try:
+            return value.item()
+        except Exception:  # noqa: BLE001
+            return value
+    return value

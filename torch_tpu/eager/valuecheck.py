@@ -1,0 +1,135 @@
+"""Value checks on the host: error flags of launched programs, raised at materialization points.
+
+A program whose lowering checks values (ops/checks.py) returns an error flag
+beside its results. The executors hand each flag here with the op's name, the
+user line that launched it and the arrays it produced; nothing waits. At the
+next materialization point (`storage.materialize()`: `.cpu()`, `.item()`,
+`print`, `bool()`, `torch.tpu.synchronize()`...) every pending flag is read
+(one device->host copy of a few int64s) and the first failed check raises
+PyTorch's exception type and message, with the op and its line, as CUDA
+raises a device-side assertion at the next synchronization. Debug mode
+(TORCH_TPU_LAUNCH_BLOCKING=1) checks at the op itself.
+
+A failed op's results are not values: the storages holding them are marked
+lost (reading them raises, as after a failed DeferAndFuse graph), and their
+device buffers are dropped. Everything else keeps working.
+
+Owns: pending flags, checking them, lost results. Does not own: what is
+checked (ops/), launching (executor.py, defer.py).
+"""
+from __future__ import annotations
+
+import threading
+import weakref
+
+import jax
+import numpy as np
+
+from torch_tpu import metrics
+from torch_tpu.config import config
+from torch_tpu.ops import checks
+from torch_tpu.runtime import storage
+
+_lock = threading.Lock()
+# (flag array of shape (n, 4) or (4,), [(op name, user frame, [weakref to each result array])] * n)
+_pending: list = []
+# Programs launched with a flag / flags found failed (the metrics report's "value checks" section).
+counts = {"checked ops": 0, "failed": 0}
+metrics.add_section("value checks", lambda: dict(counts))
+
+
+def _refs(arrays) -> list:
+    return [weakref.ref(a) for a in arrays if isinstance(a, jax.Array)]
+
+
+def launched(flag, op: str, results) -> None:
+    """A strict program ran: `flag` is its error flag, `results` the arrays it produced."""
+    from torch_tpu.eager import defer  # noqa: PLC0415  (defer imports the executor, which imports this module)
+
+    entry = (flag, [(op, defer._user_frame(), _refs(results))])
+    counts["checked ops"] += 1
+    if config.launch_blocking:
+        _raise_first([entry])
+        return
+    with _lock:
+        _pending.append(entry)
+        storage.set_check(check)
+
+
+def launched_fused(flags, nodes: list) -> None:
+    """A fused program ran: `flags` has one row per checked node; `nodes` is [(op, where, results)]."""
+    counts["checked ops"] += len(nodes)
+    with _lock:
+        _pending.append((flags, [(op, where, _refs(results)) for op, where, results in nodes]))
+        storage.set_check(check)
+
+
+def pending() -> int:
+    """How many launched programs have flags not yet checked."""
+    return len(_pending)
+
+
+def check(reason: str = "read") -> None:
+    """Read every pending flag; raise the first failed check's error (a materialization point calls this)."""
+    with _lock:
+        taken = list(_pending)
+        _pending.clear()
+        storage.set_check(None)
+    if taken:
+        _raise_first(taken)
+
+
+def _raise_first(entries: list) -> None:
+    hosts = jax.device_get([flag for flag, _ in entries])
+    first = None
+    for host, (_, nodes) in zip(hosts, entries):
+        for row, (op, where, results) in zip(np.asarray(host).reshape(-1, checks.FLAG_SIZE), nodes):
+            error = checks.error(row)
+            if error is None:
+                continue
+            counts["failed"] += 1
+            message = _message(error, op, where)
+            _lose(results, message)
+            if first is None:
+                first = type(error)(message)
+    if first is not None:
+        raise first
+
+
+def _message(error: Exception, op: str, where) -> str:
+    from torch_tpu.eager import defer  # noqa: PLC0415
+
+    return (f"{error}\n[torch_tpu] a value check of {op} failed; the op was launched at:\n  {defer.describe(where)}\n"
+            "(checked at the next materialization point, as CUDA reports a device-side assertion; "
+            "TORCH_TPU_LAUNCH_BLOCKING=1 raises at the op itself)")
+
+
+def _lose(results: list, message: str) -> None:
+    """Mark the storages holding a failed op's results lost: reading them raises."""
+    from torch_tpu.eager.defer import Lost  # noqa: PLC0415
+
+    arrays = {id(a): a for a in (r() for r in results) if a is not None}
+    if not arrays:
+        return
+    global any_lost
+    lost = Lost(f"this tensor holds the result of an op that failed a value check:\n{message}")
+    buffers = storage.buffers
+    for address, (value, dtype) in list(buffers.items()):
+        if arrays.get(id(value)) is value:
+            # The Lost in the dtype field too: the native cache-hit path takes only torch dtypes there, so a
+            # program reading the storage goes to the Python path, which raises (raise_if_lost).
+            buffers[address] = (lost, lost)
+            any_lost = True
+
+
+# Whether any storage was ever marked lost here: the executor checks its inputs only then.
+any_lost = False
+
+
+def raise_if_lost(slot_entries) -> None:
+    """Raise the message of the first lost storage among an op's inputs."""
+    from torch_tpu.eager.defer import Lost  # noqa: PLC0415
+
+    for entry in slot_entries:
+        if entry is not None and type(entry[0]) is Lost:
+            raise RuntimeError(entry[0].message)
