@@ -3,7 +3,7 @@
 Code written for TorchTPU 0.2 (its docs, notebooks, vLLM plugin) runs
 unchanged: `torch.tpu.EagerMode`, `torch.tpu.eager_mode`, `set_eager_mode`,
 `Precision`, `precision`, `allow_excess_precision`, `device_of`,
-`set_stream`, `topology_aware_mesh`, the `_get_cache_stats` family and the
+`topology_aware_mesh`, the `_get_cache_stats` family and the
 submodules `torch.tpu.compiler`, `.distributed`, `.profiler` (and `.pallas`
 where the kernels package provides it). Each name calls our implementation:
 modes.py, precision.py, xla_options.py, cache/, topology.py, device.py.
@@ -32,7 +32,7 @@ from torch_tpu import modes, xla_options
 from torch_tpu import precision as _precision
 
 __all__ = [
-    "EagerMode", "set_eager_mode", "Precision", "precision", "device_of", "set_stream", "topology_aware_mesh",
+    "EagerMode", "set_eager_mode", "Precision", "precision", "device_of", "topology_aware_mesh",
 ]
 _PROPERTIES = ("eager_mode", "allow_excess_precision")
 
@@ -119,19 +119,6 @@ def device_of(obj):
 
     index = obj.get_device() if obj.device.type == "tpu" else None
     return device_module.device(index)
-
-
-def set_stream(stream) -> None:
-    """Make `stream` the current stream (and its device the current device), like torch.cuda.set_stream."""
-    if stream is None:
-        return
-    if isinstance(stream, torch.Stream):  # a native stream: PyTorch's accelerator API sets it through our guard
-        torch.accelerator.set_stream(stream)
-        return
-    from torch_tpu import device as device_module
-
-    # One in-order stream per device: making it current is making its device current.
-    device_module.set_device(stream.device)
 
 
 def topology_aware_mesh(*args, **kwargs):
@@ -307,7 +294,7 @@ _PRIVATE = ("_get_cache_stats", "_get_cache_requests", "_get_cache_hits", "_get_
 def install(module: types.ModuleType) -> None:
     """Give the torch.tpu module (device.py) the names it lacks, its class and the submodule import hook.
 
-    A name the module defines itself (e.g. a native `set_stream`) is kept: ours win.
+    A name the module defines itself is kept: ours win.
     """
     for name in (*__all__, *_PRIVATE):
         if name not in module.__dict__:

@@ -1,1 +1,0 @@
-"""TorchTPU's torch_tpu._internal.compile: `_backend.TpuBackend` (docs/compat.md)."""
