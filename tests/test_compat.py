@@ -434,3 +434,20 @@ def test_env_var_aliases_subprocess():
     assert out["repeats_safe"]["repeats"] is True and out["repeats_aggressive"]["repeats"] is True
     assert out["repeats_off"]["repeats"] is False
 
+
+
+def test_tpu_backend_compiles_like_cpu():
+    """torch.compile(backend=TpuBackend()) runs a model as TorchTPU's backend class does; matches CPU."""
+    from torch_tpu._internal.compile._backend import TpuBackend
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+    x = torch.randn(5, 8)
+    expected = model(x)
+    tpu_model = model.to("tpu")
+    torch._dynamo.reset()
+    try:
+        got = torch.compile(tpu_model, backend=TpuBackend())(x.to("tpu"))
+        torch.testing.assert_close(got.cpu(), expected, atol=1e-4, rtol=1e-4)
+    finally:
+        torch._dynamo.reset()
