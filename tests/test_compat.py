@@ -375,10 +375,7 @@ ALIASES = r"""
 import json, os, torch, torch_tpu
 from torch_tpu import config as config_module
 from torch_tpu.cache import levels, store
-out = {"mode": torch_tpu.get_execution_mode()}
-before = torch_tpu.metrics.counts.synchronous_waits
-torch.ones(3, device="tpu").add(1).cpu()
-out["waits"] = torch_tpu.metrics.counts.synchronous_waits - before
+out = {"value_checks": torch_tpu.config.config.value_checks}
 cases = {
     "tier2_disabled": {"TORCH_TPU_TIER2_COMPILATION_CACHE": "disabled"},
     "tier2_name": {"TORCH_TPU_TIER2_COMPILATION_CACHE": "run7"},
@@ -392,7 +389,8 @@ cases = {
     "repeats_aggressive": {"TORCH_TPU_INTERNAL_DETECT_REPEATED_OPS": "aggressive"},
     "repeats_off": {"TORCH_TPU_INTERNAL_DETECT_REPEATED_OPS": "nope"},
     "repeats_vs_ours": {"TORCH_TPU_INTERNAL_DETECT_REPEATED_OPS": "off", "TORCH_TPU_DEFER_REPEATS": "1"},
-    "debug_vs_ours": {"TORCH_TPU_ENABLE_DEBUG_CHECKS": "1", "TORCH_TPU_LAUNCH_BLOCKING": "0"},
+    "debug_checks_off": {"TORCH_TPU_ENABLE_DEBUG_CHECKS": "0"},
+    "debug_vs_ours": {"TORCH_TPU_ENABLE_DEBUG_CHECKS": "1", "TORCH_TPU_VALUE_CHECKS": "0"},
 }
 base = dict(os.environ)
 for name, env in cases.items():
@@ -402,7 +400,7 @@ for name, env in cases.items():
         c = config_module.reload()
         s = levels._from_config()
         out[name] = {"cache": c.cache, "dir": s.dir, "url": s.url, "repeats": c.defer_repeats,
-                     "blocking": c.launch_blocking}
+                     "value_checks": c.value_checks}
     except ValueError as err:
         out[name] = {"error": str(err)}
 print("RESULT " + json.dumps(out))
@@ -416,7 +414,8 @@ def test_env_var_aliases_subprocess():
     run = subprocess.run([sys.executable, "-c", ALIASES], capture_output=True, text=True, timeout=300, env=env)
     assert run.returncode == 0, run.stderr
     out = json.loads(run.stdout.split("RESULT ", 1)[1])
-    assert out["mode"] == "debug" and out["waits"] >= 1  # TORCH_TPU_ENABLE_DEBUG_CHECKS=1: launch-blocking checks
+    assert out["value_checks"] is True  # TORCH_TPU_ENABLE_DEBUG_CHECKS=1: our value checks (issue 13)
+    assert out["debug_checks_off"]["value_checks"] is False
     assert out["tier2_disabled"]["cache"] is False
     from torch_tpu.cache import store
 
@@ -427,7 +426,7 @@ def test_env_var_aliases_subprocess():
                         "tier2_vs_cache_off": ("TORCH_TPU_CACHE", "TORCH_TPU_TIER2_COMPILATION_CACHE"),
                         "tier3_vs_url": ("TORCH_TPU_CACHE_URL", "TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT"),
                         "repeats_vs_ours": ("TORCH_TPU_DEFER_REPEATS", "TORCH_TPU_INTERNAL_DETECT_REPEATED_OPS"),
-                        "debug_vs_ours": ("TORCH_TPU_LAUNCH_BLOCKING", "TORCH_TPU_ENABLE_DEBUG_CHECKS")}.items():
+                        "debug_vs_ours": ("TORCH_TPU_VALUE_CHECKS", "TORCH_TPU_ENABLE_DEBUG_CHECKS")}.items():
         error = out[case].get("error", "")
         assert all(n in error for n in names), (case, out[case])
     assert out["tier3"]["url"] == "/tmp/tier3"

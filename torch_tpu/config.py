@@ -129,9 +129,7 @@ class Config:
     base_port: int = field(default_factory=lambda: _int("TORCH_TPU_BASE_PORT", 8476))
     devices_per_host: int | None = field(default_factory=lambda: _int("TORCH_TPU_DEVICES_PER_HOST"))
     # Debug eager: every op synchronous, errors at the Python line of the failing op.
-    # (TorchTPU's TORCH_TPU_ENABLE_DEBUG_CHECKS is read as an alias: see docs/compat.md.)
-    launch_blocking: bool = field(default_factory=lambda: _aliased_flag("TORCH_TPU_LAUNCH_BLOCKING",
-                                                                        "TORCH_TPU_ENABLE_DEBUG_CHECKS", False))
+    launch_blocking: bool = field(default_factory=lambda: _flag("TORCH_TPU_LAUNCH_BLOCKING"))
     # Ops with no lowering and no decomposition: "warn" (run on CPU, warn once per op) or "error".
     fallback: str = field(default_factory=lambda: _choice("TORCH_TPU_FALLBACK", ("warn", "error", "silent"), "warn"))
     # Compile cache (docs/cache.md): the persistent levels (host-shared directory, remote URL) on or off.
@@ -183,7 +181,9 @@ class Config:
     compile_dump_dir: str | None = field(default_factory=lambda: _path("TORCH_TPU_COMPILE_DUMP_DIR"))
     # Value checks (docs/reliability.md): programs of ops that PyTorch checks by value (indices, targets,
     # probabilities) compute an error flag, raised at the next materialization point; 0 turns them off.
-    value_checks: bool = field(default_factory=lambda: _flag("TORCH_TPU_VALUE_CHECKS", default=True))
+    # (TorchTPU's TORCH_TPU_ENABLE_DEBUG_CHECKS is read as an alias: see docs/compat.md.)
+    value_checks: bool = field(default_factory=lambda: _aliased_flag("TORCH_TPU_VALUE_CHECKS",
+                                                                     "TORCH_TPU_ENABLE_DEBUG_CHECKS", True))
 
     def __post_init__(self):
         if self.launch_blocking and self.defer_and_fuse:
