@@ -50,6 +50,61 @@ def _seconds(name: str, default: float) -> float:
     return number
 
 
+# ---------------------------------------------------------------- TorchTPU's names (docs/compat.md)
+# Read as aliases of ours: where both names are set and mean different things, an error names both.
+def _agree(ours: str, ours_value, theirs: str, theirs_value):
+    """The value of a setting given by our variable and TorchTPU's alias (None: that name is unset)."""
+    if theirs_value is None:
+        return ours_value
+    if ours_value is not None and ours_value != theirs_value:
+        raise ValueError(f"{ours}={os.environ[ours]!r} and {theirs}={os.environ[theirs]!r} are both set and disagree: "
+                         f"set one of them")
+    return theirs_value
+
+
+def _set(name: str) -> bool:
+    return bool(os.environ.get(name, "").strip())
+
+
+def _aliased_flag(ours: str, theirs: str, default: bool) -> bool:
+    value = _agree(ours, _flag(ours) if _set(ours) else None, theirs, _flag(theirs) if _set(theirs) else None)
+    return default if value is None else value
+
+
+def _aliased_path(ours: str, theirs: str) -> str | None:
+    return _agree(ours, _path(ours), theirs, _path(theirs))
+
+
+def _cache_enabled() -> bool:
+    """TORCH_TPU_CACHE, or TorchTPU's TORCH_TPU_TIER2_COMPILATION_CACHE ("disabled" = off, a name = on)."""
+    ours = _flag("TORCH_TPU_CACHE") if _set("TORCH_TPU_CACHE") else None
+    value = os.environ.get("TORCH_TPU_TIER2_COMPILATION_CACHE", "").strip()
+    theirs = value.lower() != "disabled" if value else None
+    value = _agree("TORCH_TPU_CACHE", ours, "TORCH_TPU_TIER2_COMPILATION_CACHE", theirs)
+    return True if value is None else value
+
+
+def _cache_name() -> str | None:
+    """The directory name TORCH_TPU_TIER2_COMPILATION_CACHE gives (resolved under the default directory by
+    the compile cache, cache/levels.py, which also checks it against TORCH_TPU_CACHE_DIR)."""
+    value = os.environ.get("TORCH_TPU_TIER2_COMPILATION_CACHE", "").strip()
+    if not value or value.lower() == "disabled":
+        return None
+    if value in (".", "..") or "/" in value or "\\" in value:
+        raise ValueError(f"TORCH_TPU_TIER2_COMPILATION_CACHE={value!r}: expected a name (no path separators) "
+                         "or 'disabled'")
+    return value
+
+
+def _repeated_ops() -> bool:
+    """TORCH_TPU_INTERNAL_DETECT_REPEATED_OPS: "safe" or "aggressive" turn the heuristic on, any other value off."""
+    ours = _flag("TORCH_TPU_DEFER_REPEATS") if _set("TORCH_TPU_DEFER_REPEATS") else None
+    theirs = os.environ.get("TORCH_TPU_INTERNAL_DETECT_REPEATED_OPS", "").strip().lower()
+    theirs = theirs in ("safe", "aggressive") if theirs else None
+    value = _agree("TORCH_TPU_DEFER_REPEATS", ours, "TORCH_TPU_INTERNAL_DETECT_REPEATED_OPS", theirs)
+    return True if value is None else value
+
+
 def _int(name: str, default: int | None = None) -> int | None:
     value = os.environ.get(name, "").strip()
     if not value:
@@ -69,16 +124,25 @@ class Config:
     platform: str | None = field(default_factory=lambda: _choice("TORCH_TPU_PLATFORM", ("tpu", "gpu", "cuda", "rocm", "cpu"), None))
     # Number of XLA:CPU devices to expose when the platform is cpu (testing multi-device code).
     num_cpu_devices: int | None = field(default_factory=lambda: _int("TORCH_TPU_NUM_CPU_DEVICES"))
+    # torch.tpu.distributed.set_tpu_launch_env (topology.py): the master port of a multi-host job,
+    # and the processes per host (None: WORLD_SIZE is left to the launcher).
+    base_port: int = field(default_factory=lambda: _int("TORCH_TPU_BASE_PORT", 8476))
+    devices_per_host: int | None = field(default_factory=lambda: _int("TORCH_TPU_DEVICES_PER_HOST"))
     # Debug eager: every op synchronous, errors at the Python line of the failing op.
     launch_blocking: bool = field(default_factory=lambda: _flag("TORCH_TPU_LAUNCH_BLOCKING"))
     # Ops with no lowering and no decomposition: "warn" (run on CPU, warn once per op) or "error".
     fallback: str = field(default_factory=lambda: _choice("TORCH_TPU_FALLBACK", ("warn", "error", "silent"), "warn"))
     # Compile cache (docs/cache.md): the persistent levels (host-shared directory, remote URL) on or off.
-    cache: bool = field(default_factory=lambda: _flag("TORCH_TPU_CACHE", default=True))
+    # (TorchTPU's TORCH_TPU_TIER2_COMPILATION_CACHE=disabled is read as TORCH_TPU_CACHE=0.)
+    cache: bool = field(default_factory=_cache_enabled)
     # Level 2 directory (None: a private directory on /dev/shm, else under ~/.cache).
     cache_dir: str | None = field(default_factory=lambda: _path("TORCH_TPU_CACHE_DIR"))
+    # TorchTPU's TORCH_TPU_TIER2_COMPILATION_CACHE=<name>: level 2 in the directory <name> under the default one.
+    cache_name: str | None = field(default_factory=_cache_name)
     # Level 3 URL, any filesystem fsspec knows (file://, s3://, gs://, ...); None: no remote level.
-    cache_url: str | None = field(default_factory=lambda: _path("TORCH_TPU_CACHE_URL"))
+    # (TorchTPU's TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT is read as an alias.)
+    cache_url: str | None = field(default_factory=lambda: _aliased_path("TORCH_TPU_CACHE_URL",
+                                                                        "TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT"))
     # Level 2 size limit in MiB (least recently used entries are evicted beyond it).
     cache_max_mb: int | None = field(default_factory=lambda: _int("TORCH_TPU_CACHE_MAX_MB"))
     # Seconds a process waits for another one compiling the same program before compiling it itself.
@@ -89,7 +153,8 @@ class Config:
     # DeferAndFuse size cap: a recorded graph is flushed when it reaches this many ops.
     defer_max_ops: int = field(default_factory=lambda: _int("TORCH_TPU_DEFER_MAX_OPS", 10_000))
     # The repeated-operations heuristic (eager/repeats.py): cut recorded graphs at repeating blocks.
-    defer_repeats: bool = field(default_factory=lambda: _flag("TORCH_TPU_DEFER_REPEATS", default=True))
+    # (TorchTPU's TORCH_TPU_INTERNAL_DETECT_REPEATED_OPS is read as an alias: safe/aggressive on, else off.)
+    defer_repeats: bool = field(default_factory=_repeated_ops)
     # Shortest unit (in ops) the heuristic cuts out; shorter periods are grouped up to this length.
     defer_min_period: int = field(default_factory=lambda: _int("TORCH_TPU_DEFER_MIN_PERIOD", 16))
     # Longest period (in ops) the heuristic looks for.
@@ -116,7 +181,9 @@ class Config:
     compile_dump_dir: str | None = field(default_factory=lambda: _path("TORCH_TPU_COMPILE_DUMP_DIR"))
     # Value checks (docs/reliability.md): programs of ops that PyTorch checks by value (indices, targets,
     # probabilities) compute an error flag, raised at the next materialization point; 0 turns them off.
-    value_checks: bool = field(default_factory=lambda: _flag("TORCH_TPU_VALUE_CHECKS", default=True))
+    # (TorchTPU's TORCH_TPU_ENABLE_DEBUG_CHECKS is read as an alias: see docs/compat.md.)
+    value_checks: bool = field(default_factory=lambda: _aliased_flag("TORCH_TPU_VALUE_CHECKS",
+                                                                     "TORCH_TPU_ENABLE_DEBUG_CHECKS", True))
 
     def __post_init__(self):
         if self.launch_blocking and self.defer_and_fuse:

@@ -335,3 +335,11 @@ def is_bf16_supported(including_emulation: bool = True) -> bool:
 
 
 from torch_tpu import pallas  # noqa: E402  (torch.tpu.pallas: jax_op, get_pallas_mesh; imports no JAX)
+
+
+# ------------------------------------------------------------------ TorchTPU's names (docs/compat.md)
+import sys as _sys  # noqa: E402
+
+from torch_tpu import tpu_api as _tpu_api  # noqa: E402
+
+_tpu_api.install(_sys.modules[__name__])  # the names this module lacks, the two properties, the submodules

@@ -18,6 +18,7 @@ from torch_tpu.cache.levels import (
     compile,
     configure,
     configured,
+    entries,
     flush,
     host_store,
     lookup,
@@ -28,6 +29,6 @@ from torch_tpu.cache.levels import (
 )
 
 __all__ = [
-    "Settings", "clear", "compile", "configure", "configured", "executable_key", "flush", "host_store", "lookup",
-    "program_key", "remote_store", "reset_stats", "settings", "stats",
+    "Settings", "clear", "compile", "configure", "configured", "entries", "executable_key", "flush", "host_store",
+    "lookup", "program_key", "remote_store", "reset_stats", "settings", "stats",
 ]

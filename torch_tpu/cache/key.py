@@ -25,6 +25,8 @@ import importlib.metadata
 import os
 import pathlib
 
+from torch_tpu import xla_options
+
 FORMAT = 1  # bump when the entry layout or key recipe changes
 
 # JAX settings that change what a traced function lowers to.
@@ -91,5 +93,8 @@ def executable_key(hlo_text: str, device, options=()) -> str:
 
 
 def program_key(signature, device) -> str:
-    """The key of a strict-executor signature (a tuple of ops, dtypes, types, ints, strings)."""
-    return _digest("program", environment(device), code_hash(), signature)
+    """The key of a strict-executor signature (a tuple of ops, dtypes, types, ints, strings).
+
+    XLA options other than the defaults (torch_tpu.xla_options) are part of it: they change the executable.
+    """
+    return _digest("program", environment(device), code_hash(), signature, *xla_options.key())

@@ -21,7 +21,7 @@ import time
 import warnings
 from dataclasses import dataclass, field, replace
 
-from torch_tpu import metrics
+from torch_tpu import metrics, xla_options
 from torch_tpu.cache import entry, executable, key, store
 
 logger = logging.getLogger(__name__)
@@ -43,14 +43,24 @@ class Settings:
     max_bytes: int | None = None  # level 2 limit; None = 1 GiB (at most half of its filesystem)
     lock_timeout: float = _DEFAULT_LOCK_TIMEOUT  # seconds to wait for another process's compile
     storage_options: dict = field(default_factory=dict)  # passed to fsspec for the URL
+    cache_only: bool = False  # a program no level has is an error, not a compile
+    dump_dir: str | None = None  # write the StableHLO of every program compiled (a miss) here
 
 
 def _from_config() -> Settings:
     from torch_tpu.config import config
 
+    directory = config.cache_dir
+    if config.cache_name:  # TorchTPU's TORCH_TPU_TIER2_COMPILATION_CACHE=<name>: a directory under the default one
+        named = os.path.join(store.default_dir(), config.cache_name)
+        if directory is not None and os.path.abspath(os.path.expanduser(directory)) != named:
+            raise ValueError(f"TORCH_TPU_CACHE_DIR={directory!r} and TORCH_TPU_TIER2_COMPILATION_CACHE="
+                             f"{config.cache_name!r} (the directory {named}) are both set and disagree: "
+                             "set one of them")
+        directory = named
     return Settings(
         enabled=config.cache,
-        dir=config.cache_dir,
+        dir=directory,
         url=config.cache_url,
         max_bytes=config.cache_max_mb * (1 << 20) if config.cache_max_mb else None,
         lock_timeout=float(config.cache_lock_timeout or _DEFAULT_LOCK_TIMEOUT),
@@ -93,6 +103,9 @@ _l1: dict[str, object] = {}  # executable key -> executable
 _compile_seconds: dict[str, float] = {}  # executable key -> its compile time (for "saved")
 _indexed: set[str] = set()  # program keys recorded by this process
 _unsaved: set[str] = set()  # executable keys kept in level 1 only (never worth an index record)
+# executable key -> [times served (its compile or load, then level 1 hits), time.time() of the last,
+# seconds compiling it in this process (0.0: loaded from level 2 or 3)]
+_reads: dict[str, list] = {}
 _host: store.HostStore | None = None
 _host_opened = False
 _remote: store.RemoteStore | None = None
@@ -245,6 +258,7 @@ def _load(fp: str, device, in_tree, out_tree, count_misses: bool = True):
         level_stats.load_seconds += seconds
         level_stats.saved_seconds += max(0.0, compile_seconds - seconds)
         _compile_seconds[fp] = compile_seconds
+        _reads[fp] = [1, time.time(), 0.0]
         if level == "l3":
             _write(fp + ".exe", blob, remote=False)
         return loaded
@@ -258,7 +272,33 @@ def _l1_get(fp: str):
     else:
         _stats.l1.hits += 1
         _stats.l1.saved_seconds += _compile_seconds.get(fp, 0.0)
+        reads = _reads.setdefault(fp, [0, None, 0.0])
+        reads[0] += 1
+        reads[1] = time.time()
     return found
+
+
+def _dump(lowered, fp: str) -> None:
+    path = os.path.join(_settings.dump_dir, fp[:16] + ".mlir")
+    try:
+        os.makedirs(_settings.dump_dir, exist_ok=True)
+        with open(path, "w") as f:
+            f.write(lowered.as_text())
+    except OSError as err:
+        _warn_once("dump", f"torch_tpu: could not dump a missed program to {path} ({err})")
+        return
+    logger.info("compile cache miss: StableHLO dumped to %s", path)
+
+
+def entries() -> list[tuple[str, int, float, float]]:
+    """Per executable of level 1: (executable key, times served, seconds compiling it in this process (0.0 if
+    loaded from level 2 or 3), time.time() it was last served). Its compile or load is the first serving."""
+    with _lock:
+        out = []
+        for fp in _l1:
+            served, last, seconds = _reads.get(fp) or (1, time.time(), 0.0)
+            out.append((fp, served, seconds, last))
+        return out
 
 
 def _remember(program_key: str | None, fp: str) -> None:
@@ -311,6 +351,7 @@ def compile(lowered, device, program_key: str | None = None, options: tuple = ()
     """
     with _lock:
         _stats.lowerings += 1
+        options = xla_options.merged(options)  # those of `with torch_tpu.xla_options.use(...)` blocks too
         text = lowered.as_text()
         in_tree, out_tree = lowered.in_tree, lowered.out_tree
         # The pytrees are the calling convention: equal text with other trees is another executable.
@@ -347,9 +388,16 @@ def compile(lowered, device, program_key: str | None = None, options: tuple = ()
 
 
 def _compile(lowered, fp: str, device, persist: bool, options: tuple = ()):
+    if _settings.dump_dir:
+        _dump(lowered, fp)
+    if _settings.cache_only:
+        raise RuntimeError(
+            f"compile cache miss in cache-only mode: program {fp[:16]} is in no cache level and would be compiled "
+            "(torch.tpu._set_cache_only(False) or torch_tpu.cache.configure(cache_only=False) allows compiling)")
     start = time.perf_counter()
     compiled = lowered.compile(compiler_options=dict(options)) if options else lowered.compile()
     seconds = time.perf_counter() - start
+    _reads[fp] = [1, time.time(), seconds]
     metrics.record_compile(seconds)
     _stats.compiles += 1
     _stats.compile_seconds += seconds
@@ -411,6 +459,7 @@ def clear(host: bool = True, remote: bool = False) -> int:
     with _lock:
         _l1.clear()
         _compile_seconds.clear()
+        _reads.clear()
         _indexed.clear()
         _unsaved.clear()
         removed = 0

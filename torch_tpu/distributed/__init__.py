@@ -13,6 +13,7 @@ import sys as _sys
 import torch.distributed as _dist
 
 from torch_tpu.distributed.spmd import SpmdMismatchError, spmd_safe
+from torch_tpu.topology import set_tpu_launch_env, topology_aware_mesh  # noqa: F401  (TorchTPU's names, docs/compat.md)
 
 BACKEND = "tpu_dist"
 

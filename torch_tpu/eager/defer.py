@@ -49,7 +49,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from torch_tpu import _native, metrics, precision, recompiles
+from torch_tpu import _native, metrics, precision, recompiles, xla_options
 from torch_tpu import profiler as _trace
 from torch_tpu.config import config
 from torch_tpu.eager import executor
@@ -130,6 +130,8 @@ def record(spec, lowering, via_functional: bool, full: list):
             valuecheck.raise_if_lost(entries)
         if lowering.rng:  # seed and offset are taken now: the same stream as Strict
             scalars.extend(executor._rng_scalars(generator, device))
+        if xla_options.active:
+            key = (*key, *xla_options.key())
         if lowering.precision:
             key = (*key, precision.matmul_precision())
         prog = executor.programs.get(key)
@@ -244,6 +246,16 @@ def describe(where) -> str:
 def pending() -> int:
     """How many ops are recorded and not yet run."""
     return len(_graph.nodes)
+
+
+def forget() -> None:
+    """Run what is recorded, then drop every plan and fused program with the op programs they name by id."""
+    with lock:
+        flush("clear cache")
+        _plans.clear()
+        _executables.clear()
+        _offset_modes.clear()
+        executor.programs.clear()
 
 
 def flush(reason: str = "materialize") -> None:

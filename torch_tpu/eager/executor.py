@@ -22,7 +22,7 @@ import functools
 import jax
 import torch
 
-from torch_tpu import _native, metrics, precision, recompiles
+from torch_tpu import _native, metrics, precision, recompiles, xla_options
 from torch_tpu import profiler as _trace
 from torch_tpu.config import config
 from torch_tpu.eager import program as program_mod
@@ -37,7 +37,7 @@ _fast_signature = _native.fast_signature
 _new_outputs = _native.new_outputs
 _run_cached = _native.run_cached
 _counts = metrics.counts
-_native.set_fast_path(not (config.launch_blocking or config.defer_and_fuse))
+_native.set_fast_path(not (config.launch_blocking or config.defer_and_fuse or xla_options.active))
 _new_tensor = _native.new_tensor
 _buffers = storage.buffers
 _TENSOR, _CPU, _SCALAR, _SCALAR_LIST = program_mod.TENSOR, program_mod.CPU_SCALAR, program_mod.SCALAR, program_mod.SCALAR_LIST
@@ -194,8 +194,8 @@ def kernel(spec: OpSpec, lowering: Lowering, via_functional: bool):
 
 
 def update_fast_path() -> None:
-    """Native cache-hit paths run unless a mode needs every op in Python (Debug, DeferAndFuse)."""
-    _native.set_fast_path(not (config.launch_blocking or config.defer_and_fuse))
+    """Native cache-hit paths run unless a mode needs every op in Python (Debug, DeferAndFuse, XLA options)."""
+    _native.set_fast_path(not (config.launch_blocking or config.defer_and_fuse or xla_options.active))
 
 
 def execute(spec: OpSpec, lowering: Lowering, via_functional: bool, *args, **kwargs):
@@ -203,7 +203,7 @@ def execute(spec: OpSpec, lowering: Lowering, via_functional: bool, *args, **kwa
     full = list(args) if not kwargs and len(args) == spec.n_args else spec.normalize(args, kwargs)
     if config.defer_and_fuse:  # DeferAndFuse: record instead of launching (defer.py)
         return _defer.record(spec, lowering, via_functional, full)
-    if not (lowering.rng or config.launch_blocking or _trace.active):
+    if not (lowering.rng or config.launch_blocking or _trace.active or xla_options.active):
         # Cache hit: one native call does signature, lookup, launch and outputs.
         extra = (precision.matmul_precision(),) if lowering.precision else ()
         try:
@@ -226,6 +226,8 @@ def _execute_slow(spec: OpSpec, lowering: Lowering, via_functional: bool, full: 
         _valuecheck.raise_if_lost(slot_entries)
     if lowering.rng:
         scalars.extend(_rng_scalars(generator, device))
+    if xla_options.active:  # compiled with other options: another program (before the level: build reads key[-1])
+        key = (*key, *xla_options.key())
     if lowering.precision:
         key = (*key, precision.matmul_precision())
     prog = programs.get(key)

@@ -1,0 +1,1 @@
+"""TorchTPU's torch_tpu._internal.compile: `_backend.TpuBackend` (docs/compat.md)."""

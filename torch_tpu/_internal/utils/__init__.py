@@ -1,0 +1,1 @@
+"""TorchTPU's torch_tpu._internal.utils: `hardware.get_tpu_device_name` (docs/compat.md)."""
