@@ -149,6 +149,23 @@ def test_graph_hook_for_torch_compile(explain, capfd):
     assert site["kind"] == "graph" and site["recompiles"] == 3
 
 
+def test_compiled_graph_recompile_is_explained(explain, capfd):
+    """A torch.compile graph given a new concrete size (dynamic=True) compiles again, explained."""
+    import torch_tpu.compile
+
+    torch_tpu.compile.register()
+    fn = torch.compile(lambda x: (x * 2).sum(-1), backend="tpu", dynamic=True)
+    for T in (5, 6):
+        x = torch.ones(2, T)
+        assert torch.equal(fn(x.to("tpu")).cpu(), (x * 2).sum(-1))  # same as PyTorch CPU
+    logged = [ln for ln in capfd.readouterr().err.splitlines()
+              if ln.startswith("[torch_tpu recompile]") and " graph " in ln]
+    assert len(logged) == 1, logged
+    assert "test_recompiles.py:" in logged[0] and "size[1]: 5 -> 6" in logged[0], logged[0]
+    site = next(s for s in recompiles.summary(100) if s["kind"] == "graph")
+    assert site["recompiles"] == 1 and site["reasons"].get("shape") == 1
+
+
 def test_first_compile_of_a_site_is_not_a_recompile(explain, capfd):
     torch.full((3, 53), 2.0, device="tpu").exp().cpu()
     assert "[torch_tpu recompile]" not in capfd.readouterr().err

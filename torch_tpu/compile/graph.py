@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from torch_tpu import _native, metrics, precision
+from torch_tpu import _native, metrics, precision, recompiles
 from torch_tpu.eager import opspec, strided
 from torch_tpu.eager import program as program_mod
 from torch_tpu.eager.opspec import Arg
@@ -634,6 +634,7 @@ class GraphFunction:
         self.n_inputs = sum(1 for n in gm.graph.nodes if n.op == "placeholder")
         self.dynamic = any(_symbolic(n.meta.get("val")) for n in gm.graph.nodes if n.op == "placeholder")
         stats.graphs += 1
+        self.site = f"{name} graph {stats.graphs}"  # the recompilation explainer's name for this graph
         options.dump_graph(self)
 
     def __call__(self, args: list):
@@ -646,6 +647,7 @@ class GraphFunction:
             return self._run_eager(args)
         compiled = self.compiled.get(key)
         if compiled is None:
+            recompiles.graph_compiled(self.site, args)  # a second key of one graph is a recompile, explained
             compiled = self._compile(key, arrays)
             if compiled is None:
                 return self._run_eager(args)
