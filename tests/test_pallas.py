@@ -245,6 +245,29 @@ def test_torch_compile_traces_through_fake():
     assert any("add_vectors" in s for s in seen)
 
 
+def test_inside_torch_compile_one_program():
+    """Under torch.compile(backend="tpu") a jax_op is part of the graph's one XLA program."""
+    import torch_tpu.compile
+    from torch_tpu.compile import graph
+
+    torch_tpu.compile.register()
+
+    @torch.compile(backend="tpu", fullgraph=True)
+    def f(x, y):
+        return scale_shift(add_vectors((x * 2).relu(), y), 3.0).sum(-1)
+
+    x_cpu, y_cpu = torch.randn(4, 8), torch.randn(4, 8)
+    x, y = x_cpu.to(TPU), y_cpu.to(TPU)
+    torch.tpu.synchronize()
+    graph.stats.reset()
+    metrics.reset()
+    out = f(x, y).cpu()
+    expected = (((x_cpu * 2).relu() + y_cpu) * 3.0 + 1).sum(-1)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    assert graph.stats.graphs == 1 and graph.stats.plans == 1 and graph.stats.eager_graphs == 0
+    assert metrics.counts.ops_executed == 0  # nothing ran op by op: the graph is one program
+
+
 def test_fake_tensor_shapes():
     """The fake implementation gives shapes and dtypes without running anything."""
     from torch._subclasses.fake_tensor import FakeTensorMode

@@ -41,11 +41,23 @@ def skip_library_frames() -> None:
     global _skipping
     if _skipping:
         return
+    import pkgutil
+
     from torch._dynamo import trace_rules
 
-    for name in ("torch_tpu", "jax", "jaxlib"):
+    import torch_tpu
+
+    for name in ("jax", "jaxlib"):
         trace_rules.add(name)
+    # Every torch_tpu module but the user-facing op wrappers: a `jax_op` call (torch_tpu.pallas,
+    # the bundled kernels) is traced, so its operator lands in the graph instead of breaking it.
+    for module in pkgutil.iter_modules(torch_tpu.__path__):
+        if module.name not in _TRACED:
+            trace_rules.add(f"torch_tpu.{module.name}")
     _skipping = True
+
+
+_TRACED = ("pallas", "kernels")
 
 
 def __getattr__(name):
