@@ -216,8 +216,11 @@ def check_torch_compile() -> Result:
         x = torch.linspace(-1, 1, 8)
         got = fn(x.to("tpu")).cpu()
     except Exception as err:
-        return Result(PROBLEM, "torch.compile", f"backend 'tpu' failed: {type(err).__name__}: {err}",
-                      "run with TORCH_LOGS=+dynamo for the failing graph; Strict eager still works without it")
+        fix = "run with TORCH_LOGS=+dynamo for the failing graph; Strict eager still works without it"
+        if type(err).__name__ == "InvalidBackend":  # the package's torch_dynamo_backends entry point is missing
+            fix = ("reinstall torch_tpu (pip install -e . or make install) so Dynamo finds the 'tpu' backend "
+                   "through its entry point; until then call torch_tpu.compile.register()")
+        return Result(PROBLEM, "torch.compile", f"backend 'tpu' failed: {type(err).__name__}: {err}", fix)
     if not torch.allclose(got, torch.sin(x) * 2, atol=1e-5):
         return Result(PROBLEM, "torch.compile", "backend 'tpu' computed a wrong result", "report a bug")
     return Result(OK, "torch.compile", "backend 'tpu' compiled and ran a function")
