@@ -22,6 +22,7 @@ import torch
 # Errors a lowering or meta kernel raises that are not PyTorch-style argument errors.
 FOREIGN = (TypeError, ValueError, IndexError, AssertionError, KeyError, RuntimeError)
 _MAX_ELEMENTS = 1 << 24
+_PYTORCH_NAMESPACES = ("aten", "prims")
 _INTERNAL_OVERLAP = ("unsupported operation: more than one element of the written-to tensor refers to a single "
                      "memory location. Please clone() the tensor before performing the operation.")  # never allocate a big CPU copy on an error path
 
@@ -31,6 +32,8 @@ def as_cpu_error(spec, key, scalars, err: BaseException) -> BaseException:
     from torch_tpu.eager import program  # noqa: PLC0415  (program imports this module)
 
     if not isinstance(err, FOREIGN) or isinstance(err, NotImplementedError):
+        return err
+    if spec.op.namespace not in _PYTORCH_NAMESPACES:  # a custom op (a jax_op): no CPU kernel of PyTorch's to ask
         return err
     key_args = key[2:2 + spec.n_args]
     for i in spec.writes:  # an expanded tensor written in place or as out=: PyTorch refuses it
