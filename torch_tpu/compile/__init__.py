@@ -49,15 +49,16 @@ def skip_library_frames() -> None:
 
     for name in ("jax", "jaxlib"):
         trace_rules.add(name)
-    # Every torch_tpu module but the user-facing op wrappers: a `jax_op` call (torch_tpu.pallas,
-    # the bundled kernels) is traced, so its operator lands in the graph instead of breaking it.
+    # Every torch_tpu module but the user-facing faces: a `jax_op` call (torch_tpu.pallas, the
+    # bundled kernels, _internal.pallas) is traced, so its operator lands in the graph instead of
+    # breaking it, and TorchTPU's scoped settings (tpu_api, _internal) reach their own refusal.
     for module in pkgutil.iter_modules(torch_tpu.__path__):
         if module.name not in _TRACED:
             trace_rules.add(f"torch_tpu.{module.name}")
     _skipping = True
 
 
-_TRACED = ("pallas", "kernels")
+_TRACED = ("pallas", "kernels", "tpu_api", "_internal")
 
 
 def __getattr__(name):
