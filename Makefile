@@ -39,6 +39,7 @@ bench: install
 	$(PYTHON) bench/collectives.py
 	$(PYTHON) bench/compile.py
 	$(PYTHON) bench/value_checks.py
+	$(PYTHON) bench/kernels.py
 
 # The docs site from docs/ into site/ (MkDocs Material; strict: a warning or a broken link fails it).
 DOCS_PKGS := mkdocs==1.6.1 mkdocs-material==9.8.2  # the `docs` extra of pyproject.toml
