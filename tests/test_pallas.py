@@ -399,9 +399,12 @@ def test_docs_examples_run():
 
 @pytest.mark.heavy
 def test_inductor_pallas_codegen_reaches_tpu_torch_pallas():
-    """torch.compile's default backend on tpu tensors: Inductor's Pallas code registers, looks up and calls its
-    kernel through tpu_torch_pallas; on XLA:CPU its Mosaic TPU kernel gets a clear error (it runs on a TPU)."""
+    """Inductor itself on tpu tensors (the default backend's routing to "tpu" switched off): its Pallas code
+    registers, looks up and calls its kernel through tpu_torch_pallas; on XLA:CPU its Mosaic TPU kernel gets
+    a clear error (it runs on a TPU)."""
     import torch._dynamo
+
+    from torch_tpu.compile import routing
 
     torch._dynamo.reset()
 
@@ -411,8 +414,14 @@ def test_inductor_pallas_codegen_reaches_tpu_torch_pallas():
 
     x = torch.randn(8, 128).to(TPU)
     before = set(tpu_torch_pallas._modules)
-    with pytest.raises(Exception, match="compiled Mosaic TPU kernel"):
-        f(x, x)
+    routed = routing.installed()
+    routing.uninstall()
+    try:
+        with pytest.raises(Exception, match="compiled Mosaic TPU kernel"):
+            f(x, x)
+    finally:
+        if routed:
+            routing.install()
     assert len(set(tpu_torch_pallas._modules) - before) == 1  # register_custom_kernel was called
     torch._dynamo.reset()
     # Inductor's code turned jax_enable_x64 off for the process; tpu_torch_pallas turned it back on.
