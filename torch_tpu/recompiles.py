@@ -127,18 +127,29 @@ def _library(filename: str) -> bool:
     return filename.startswith(_STDLIB_DIR) and "-packages" + os.sep not in filename
 
 
-def user_frame(frame=None):
-    """(filename, line, function) of the innermost frame outside torch, torch_tpu and the stdlib, or None."""
-    frame = sys._getframe(1) if frame is None else frame
+def user_code(frame):
+    """(code, line) of the innermost frame from `frame` outwards outside torch, torch_tpu and the stdlib, or None.
+
+    DeferAndFuse calls this for every recorded op: codes are classified once and cached.
+    """
     while frame is not None:
         code = frame.f_code
         library = _is_library.get(code)
         if library is None:
             library = _is_library[code] = _library(code.co_filename)
         if not library:
-            return code.co_filename, frame.f_lineno, code.co_name
+            return code, frame.f_lineno
         frame = frame.f_back
     return None
+
+
+def user_frame(frame=None):
+    """(filename, line, function) of the innermost frame outside torch, torch_tpu and the stdlib, or None."""
+    found = user_code(sys._getframe(1) if frame is None else frame)
+    if found is None:
+        return None
+    code, line = found
+    return code.co_filename, line, code.co_name
 
 
 def format_where(where) -> str:

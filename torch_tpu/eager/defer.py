@@ -40,7 +40,6 @@ from __future__ import annotations
 import contextlib
 import linecache
 import math
-import os
 import sys
 import threading
 
@@ -206,30 +205,9 @@ def _check(key, prog, scalars) -> None:
         raise replacement from None
 
 
-# Frames in these files are library code: errors name the first frame outside them.
-_LIBRARY_DIRS = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch, sys.modules["torch_tpu"]))
-_STDLIB_DIR = os.path.dirname(threading.__file__) + os.sep
-_is_library: dict = {}
-
-
-def _library(filename: str) -> bool:
-    if filename.startswith(_LIBRARY_DIRS) or filename.startswith("<frozen"):
-        return True
-    return filename.startswith(_STDLIB_DIR) and "-packages" + os.sep not in filename
-
-
 def _user_frame():
     """(code, line) of the innermost frame outside torch, torch_tpu and the standard library."""
-    frame = sys._getframe(2)
-    while frame is not None:
-        code = frame.f_code
-        library = _is_library.get(code)
-        if library is None:
-            library = _is_library[code] = _library(code.co_filename)
-        if not library:
-            return code, frame.f_lineno
-        frame = frame.f_back
-    return None
+    return recompiles.user_code(sys._getframe(2))
 
 
 def describe(where) -> str:
