@@ -17,8 +17,12 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def launch(name: str, world: int, timeout: float = 240.0, env: dict | None = None) -> list[tuple[int, str]]:
-    """Run program `name` on `world` processes; [(exit status, output)] per rank. Kills them all past `timeout`."""
+def launch(name: str, world: int, timeout: float = 240.0, env: dict | None = None,
+           script: str = "dist_programs.py") -> list[tuple[int, str]]:
+    """Run program `name` of `script` (in tests/) on `world` processes; [(exit status, output)] per rank.
+
+    Kills them all past `timeout`.
+    """
     port = free_port()
     procs = []
     for rank in range(world):
@@ -31,7 +35,7 @@ def launch(name: str, world: int, timeout: float = 240.0, env: dict | None = Non
         )
         child.pop("TORCH_TPU_NUM_CPU_DEVICES", None)
         procs.append(subprocess.Popen(
-            [sys.executable, os.path.join(HERE, "dist_programs.py"), name],
+            [sys.executable, os.path.join(HERE, script), name],
             env=child, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
         ))
     deadline = time.monotonic() + timeout

@@ -42,6 +42,8 @@ _SUBMODULES = {
     "distributed": "torch_tpu.distributed",  # spmd_safe; topology_aware_mesh, set_tpu_launch_env (topology.py)
     "profiler": "torch_tpu._internal.profiler",
     "pallas": "torch_tpu.pallas",  # the kernels package (issue 19), where present
+    "ops": "torch_tpu._internal.ops",  # TorchTPU's operators (ops/tpu_ops.py)
+    "optimizers": "torch_tpu._internal.optimizers",
 }
 
 
