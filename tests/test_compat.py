@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import torch_tpu
+import torch_tpu.compile
 from torch_tpu import metrics, xla_options
 
 # The tests compare float32 at "highest" (conftest): its one-time performance warning is expected.
@@ -29,7 +30,7 @@ TORCHTPU_PUBLIC = [
 ]
 TORCHTPU_PRIVATE = ["_get_cache_stats", "_get_cache_requests", "_get_cache_hits", "_get_cache_misses",
                     "_clear_cache", "_set_cache_only", "_set_dump_on_cache_miss", "_get_dump_on_cache_miss"]
-TORCHTPU_SUBMODULES = ["compiler", "distributed", "profiler", "pallas"]
+TORCHTPU_SUBMODULES = ["compiler", "distributed", "profiler", "pallas", "ops", "optimizers"]
 
 
 def _program(x, w):
@@ -450,3 +451,220 @@ def test_tpu_backend_compiles_like_cpu():
         torch.testing.assert_close(got.cpu(), expected, atol=1e-4, rtol=1e-4)
     finally:
         torch._dynamo.reset()
+
+
+# ------------------------------------------------------------------ torch.tpu.ops
+def _ragged_reference(x, w, sizes):
+    """Row group i of x times w[i], one matmul per group (rows past the last group: zeros)."""
+    out = torch.zeros(x.shape[0], w.shape[2], dtype=x.dtype)
+    start = 0
+    for i, size in enumerate(sizes.tolist()):
+        out[start:start + size] = x[start:start + size] @ w[i]
+        start += size
+    return out
+
+
+def test_ops_ragged_dot_matches_a_per_group_loop():
+    """torch.tpu.ops.ragged_dot (and its gradients, and under torch.compile) == a per-group matmul loop on CPU."""
+    g = torch.Generator().manual_seed(5)
+    x, w = torch.randn(14, 6, generator=g), torch.randn(4, 6, 5, generator=g)
+    sizes = torch.tensor([3, 0, 6, 2], dtype=torch.int32)  # 11 of 14 rows: the last 3 are zeros
+    expected = _ragged_reference(x, w, sizes)
+    got = torch.tpu.ops.ragged_dot(x.to("tpu"), w.to("tpu"), sizes.to("tpu"))
+    torch.testing.assert_close(got.cpu(), expected, atol=1e-5, rtol=1e-5)
+    assert torch.equal(got.cpu()[11:], torch.zeros(3, 5))
+    torch.testing.assert_close(torch.tpu.ops.ragged_dot(x, w, sizes.long()), expected)  # the CPU kernel
+    # bfloat16: float32 accumulation, rounded once; at "medium" float32 operands are rounded to bfloat16.
+    xb, wb = x.bfloat16(), w.bfloat16()
+    torch.testing.assert_close(torch.tpu.ops.ragged_dot(xb.to("tpu"), wb.to("tpu"), sizes.to("tpu")).cpu(),
+                               _ragged_reference(xb.float(), wb.float(), sizes).bfloat16())
+    with torch_tpu.precision.use("medium"):
+        medium = torch.tpu.ops.ragged_dot(x.to("tpu"), w.to("tpu"), sizes.to("tpu")).cpu()
+    torch.testing.assert_close(medium, _ragged_reference(xb.float(), wb.float(), sizes), atol=1e-5, rtol=1e-5)
+    # Gradients (lhs: ragged_dot with rhs transposed; rhs: ragged_dot_weight_grad) vs CPU autograd of the loop.
+    xt, wt = x.to("tpu").requires_grad_(), w.to("tpu").requires_grad_()
+    out = torch.tpu.ops.ragged_dot(xt, wt, sizes.to("tpu"))
+    (out * out.detach().cos()).sum().backward()
+    xc, wc = x.clone().requires_grad_(), w.clone().requires_grad_()
+    ref = _ragged_reference(xc, wc, sizes)
+    (ref * ref.detach().cos()).sum().backward()
+    torch.testing.assert_close(xt.grad.cpu(), xc.grad, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(wt.grad.cpu(), wc.grad, atol=1e-5, rtol=1e-5)
+    grad = torch.randn(14, 5, generator=g)
+    torch.testing.assert_close(torch.tpu.ops.ragged_dot_weight_grad(x.to("tpu"), grad.to("tpu"), sizes.to("tpu")).cpu(),
+                               torch.stack([x[a:b].T @ grad[a:b] for a, b in ((0, 3), (3, 3), (3, 9), (9, 11))]),
+                               atol=1e-5, rtol=1e-5)
+    # torch.compile(backend="tpu"): one graph program (no eager fallback).
+    torch_tpu.compile.register()
+    torch._dynamo.reset()
+    eager_graphs = torch_tpu.compile.stats.eager_graphs
+    try:
+        compiled = torch.compile(lambda a, b, s: torch.tpu.ops.ragged_dot(a, b, s) * 2, backend="tpu", fullgraph=True)
+        torch.testing.assert_close(compiled(x.to("tpu"), w.to("tpu"), sizes.to("tpu")).cpu(), expected * 2,
+                                   atol=1e-5, rtol=1e-5)
+    finally:
+        torch._dynamo.reset()
+    assert torch_tpu.compile.stats.eager_graphs == eager_graphs
+    with pytest.raises(RuntimeError, match="group_sizes of shape \\[4\\]"):
+        torch.tpu.ops.ragged_dot(x.to("tpu"), w.to("tpu"), sizes[:3].to("tpu"))
+    with pytest.raises(RuntimeError, match="columns"):
+        torch.tpu.ops.ragged_dot(x.to("tpu"), w.to("tpu").transpose(1, 2), sizes.to("tpu"))
+
+
+def test_ops_optimization_barrier(tmp_path):
+    """optimization_barrier: values and structure unchanged, gradient passes, the program holds XLA's barrier."""
+    g = torch.Generator().manual_seed(6)
+    a, b = torch.randn(3, 7, generator=g), torch.randn(5, generator=g)
+    ta = a.to("tpu").requires_grad_()
+    torch.tpu._set_dump_on_cache_miss(True, str(tmp_path))
+    try:
+        out = torch.tpu.ops.optimization_barrier((ta * 3, b.to("tpu")))
+        assert isinstance(out, tuple) and len(out) == 2
+        single = torch.tpu.ops.optimization_barrier(b.to("tpu") + 2)
+        got = (out[0].cpu(), out[1].cpu(), single.cpu())
+    finally:
+        torch.tpu._set_dump_on_cache_miss(False)
+    assert torch.equal(got[0], a * 3) and torch.equal(got[1], b) and torch.equal(got[2], b + 2)
+    assert any("optimization_barrier" in p.read_text() for p in tmp_path.glob("*.mlir"))
+    (out[0] * 2).sum().backward()
+    assert torch.equal(ta.grad.cpu(), torch.full((3, 7), 6.0))
+    assert isinstance(torch.tpu.ops.optimization_barrier([b.to("tpu")]), list)
+    with pytest.raises(TypeError, match="sequence of tensors"):
+        torch.tpu.ops.optimization_barrier([1, 2])
+    torch_tpu.compile.register()
+    torch._dynamo.reset()
+    try:
+        compiled = torch.compile(lambda x: torch.tpu.ops.optimization_barrier([x.sin(), x + 1]), backend="tpu",
+                                 fullgraph=True)
+        s, p = compiled(a.to("tpu"))
+    finally:
+        torch._dynamo.reset()
+    torch.testing.assert_close(s.cpu(), a.sin())
+    assert torch.equal(p.cpu(), a + 1)
+
+
+def test_ops_collectives_need_a_process_group():
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        torch.tpu.ops.all_gather_dim(torch.ones(2, device="tpu"), 0)
+
+
+@pytest.mark.skipif(torch_tpu.config.config.defer_and_fuse, reason="the program runs Strict and DeferAndFuse itself")
+def test_ops_collectives_dim_two_processes():
+    """all_gather_dim / reduce_scatter_dim (and their gradients, and compiled) on 2 processes == gloo on CPU."""
+    from dist_launch import launch
+
+    results = launch("collectives_dim", 2, timeout=300, script="compat_dist_programs.py")
+    for rank, (code, out) in enumerate(results):
+        assert code == 0, f"rank {rank} exited with {code}:\n{out[-6000:]}"
+    passed = {c for _, out in results for line in out.splitlines() if line.startswith("CHECKS ")
+              for c in line[len("CHECKS "):].split(",")}
+    for mode in ("strict", "defer_and_fuse"):
+        for name in ("all_gather_dim 0", "all_gather_dim -1", "reduce_scatter_dim 1", "reduce_scatter_dim max",
+                     "all_gather_dim grad", "reduce_scatter_dim grad"):
+            assert f"{name} {mode}" in passed, f"{name} {mode}"
+    assert "compiled all_gather_dim + reduce_scatter_dim" in passed
+    assert "indivisible dimension is a ValueError" in passed
+
+
+# ------------------------------------------------------------------ torch.tpu.optimizers
+def _mlp(bias=True):
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(6, 8, bias=bias), torch.nn.Tanh(), torch.nn.Linear(8, 3, bias=bias))
+
+
+_BATCHES = [(torch.randn(5, 6, generator=torch.Generator().manual_seed(i)),
+             torch.randn(5, 3, generator=torch.Generator().manual_seed(100 + i))) for i in range(3)]
+
+
+def _torch_optim(model, cls, **kw):
+    import copy
+
+    model = copy.deepcopy(model)
+    opt = cls(model.parameters(), **kw)
+    losses = []
+    for x, y in _BATCHES:
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return dict(model.named_parameters()), losses
+
+
+def _functional_steps(model, opt):
+    import copy
+
+    model = copy.deepcopy(model).to("tpu")
+    group = opt.init_param_group(model)
+    for x, y in _BATCHES:
+        params = {k: v.detach().requires_grad_() for k, v in group.params.items()}
+        loss = torch.nn.functional.mse_loss(torch.func.functional_call(model, params, (x.to("tpu"),)), y.to("tpu"))
+        group = opt(group, dict(zip(params, torch.autograd.grad(loss, list(params.values())))))
+    return group
+
+
+def test_optimizers_match_torch_optim():
+    """AdamW, Sgd and Muon of torch.tpu.optimizers, stepped on tpu, == torch.optim's classes on CPU."""
+    O = torch.tpu.optimizers
+    cases = [
+        (_mlp(), O.AdamW(lr=1e-2, weight_decay=0.05, use_bfloat16_moments=False), torch.optim.AdamW,
+         dict(lr=1e-2, weight_decay=0.05), 1e-6),
+        (_mlp(), O.AdamW(lr=1e-2), torch.optim.AdamW, dict(lr=1e-2), 1e-3),  # bfloat16 moments
+        (_mlp(), O.Sgd(lr=0.1, momentum=0.9, dampening=0.1, weight_decay=0.01), torch.optim.SGD,
+         dict(lr=0.1, momentum=0.9, dampening=0.1, weight_decay=0.01), 1e-6),
+        (_mlp(), O.Sgd(lr=0.1, momentum=0.8, nesterov=True), torch.optim.SGD, dict(lr=0.1, momentum=0.8, nesterov=True),
+         1e-6),
+        (_mlp(), O.Sgd(lr=0.1), torch.optim.SGD, dict(lr=0.1), 1e-6),
+        (_mlp(bias=False), O.Muon(lr=0.02), torch.optim.Muon, dict(lr=0.02), 1e-5),
+    ]
+    for model, ours, cls, kw, tol in cases:
+        expected, _ = _torch_optim(model, cls, **kw)
+        group = _functional_steps(model, ours)
+        for name, value in expected.items():
+            torch.testing.assert_close(group.params[name].cpu(), value.detach(), atol=tol, rtol=tol,
+                                       msg=lambda m: f"{type(ours).__name__} {name}: {m}")
+        assert all(float(s.cpu()) == len(_BATCHES) for s in group.opt_steps.values())
+    group = O.AdamW().init_param_group(_mlp())
+    assert group.opt_state_m["0.weight"].dtype == torch.bfloat16 and isinstance(O.AdamW(), O.Optimizer)
+    with pytest.raises(ValueError, match="beta1"):
+        O.AdamW(beta1=1.5)
+    with pytest.raises(ValueError, match="2D"):
+        O.Muon().init_param_group(_mlp())
+
+
+def test_single_trace_trainer_is_one_program():
+    """SingleTraceTrainer: forward, loss, backward and AdamW as one compiled program per step; == torch.optim."""
+    O = torch.tpu.optimizers
+    model = _mlp()
+    expected, losses = _torch_optim(model, torch.optim.AdamW, lr=1e-2)
+    import copy
+
+    tpu_model = copy.deepcopy(model).to("tpu")
+    trainer = O.SingleTraceTrainer(tpu_model, O.AdamW(lr=1e-2, use_bfloat16_moments=False))
+    stats = torch_tpu.compile.stats
+    graphs, plans, calls = stats.graphs, stats.plans, stats.calls
+    step = trainer.make_compiled_train_step(_BATCHES[0][0].to("tpu"), _BATCHES[0][1].to("tpu"))
+    got = [step(x.to("tpu"), y.to("tpu")).item() for x, y in _BATCHES]
+    assert (stats.graphs - graphs, stats.plans - plans, stats.calls - calls) == (1, 1, len(_BATCHES))
+    assert stats.eager_graphs == 0 or stats.graphs > graphs
+    torch.testing.assert_close(got, losses, atol=1e-5, rtol=1e-5)
+    for name, value in expected.items():
+        torch.testing.assert_close(trainer.params[name].cpu(), value.detach(), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(dict(tpu_model.named_parameters())[name].cpu(), value.detach(), atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="targets"):
+        step(_BATCHES[0][0].to("tpu"))
+
+
+def test_profiler_config_writes_the_device_trace(tmp_path):
+    """A profile with TpuProfilerConfig(run_dir=...) writes XLA's XPlane file there; device_tracer_level=0 does not."""
+    from torch_tpu._internal.profiler import TpuProfilerConfig, written
+
+    x = torch.randn(9, device="tpu")
+    with torch.profiler.profile(experimental_config=TpuProfilerConfig(run_dir=str(tmp_path / "a"), worker_rank=1)):
+        (x.exp() + 1).cpu()
+    files = written(str(tmp_path / "a"))
+    assert len(files) == 1 and files[0].endswith("_1.xplane.pb") and os.path.getsize(files[0]) > 0
+    with torch.profiler.profile(experimental_config=TpuProfilerConfig(run_dir=str(tmp_path / "b"),
+                                                                       device_tracer_level=0)):
+        (x + 1).cpu()
+    assert written(str(tmp_path / "b")) == []

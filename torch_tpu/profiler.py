@@ -41,6 +41,9 @@ def is_active() -> bool:
     return active
 
 
+session_hooks: list = []  # fn(start: bool), called at each session start and stop (TpuProfilerConfig's XLA trace)
+
+
 def _on_session(start: bool) -> None:
     global active, _saved_fast_path
     if start:
@@ -50,6 +53,8 @@ def _on_session(start: bool) -> None:
     else:
         active = False
         _native.set_fast_path(_saved_fast_path)
+    for hook in session_hooks:
+        hook(start)
 
 
 def install() -> None:
