@@ -219,6 +219,32 @@ def _get_dump_on_cache_miss() -> bool:
     return cache.settings().dump_dir is not None
 
 
+# ------------------------------------------------------------------ runtime and autocast helpers
+def _lazy_init() -> None:
+    """Start the runtime now (it otherwise starts on the first tpu tensor)."""
+    from torch_tpu.runtime import platform
+
+    platform.get()
+
+
+def _is_autocast_enabled() -> bool:
+    return torch.is_autocast_enabled("tpu")
+
+
+def _get_autocast_dtype() -> torch.dtype:
+    return torch.get_autocast_dtype("tpu")
+
+
+def _set_autocast_dtype(dtype: torch.dtype) -> None:
+    """The dtype of `torch.autocast("tpu")` without dtype= (this thread); one of get_amp_supported_dtype()'s."""
+    from torch_tpu import device
+
+    if not isinstance(dtype, torch.dtype) or dtype not in device.get_amp_supported_dtype():
+        raise ValueError(f"unsupported autocast dtype for 'tpu': {dtype!r} (supported: "
+                         f"{device.get_amp_supported_dtype()})")
+    torch.set_autocast_dtype("tpu", dtype)
+
+
 # ------------------------------------------------------------------ the module class and import hook
 class TpuModule(types.ModuleType):
     """`torch.tpu`'s class: two settable properties and the lazily imported submodules."""
@@ -290,7 +316,8 @@ class _SubmoduleFinder(importlib.abc.MetaPathFinder):
 
 
 _PRIVATE = ("_get_cache_stats", "_get_cache_requests", "_get_cache_hits", "_get_cache_misses", "_clear_cache",
-            "_set_cache_only", "_set_dump_on_cache_miss", "_get_dump_on_cache_miss")
+            "_set_cache_only", "_set_dump_on_cache_miss", "_get_dump_on_cache_miss", "_lazy_init",
+            "_is_autocast_enabled", "_get_autocast_dtype", "_set_autocast_dtype")
 
 
 def install(module: types.ModuleType) -> None:
