@@ -4,8 +4,8 @@ Code written for TorchTPU 0.2 (its docs, notebooks, vLLM plugin) runs
 unchanged: `torch.tpu.EagerMode`, `torch.tpu.eager_mode`, `set_eager_mode`,
 `Precision`, `precision`, `allow_excess_precision`, `device_of`,
 `topology_aware_mesh`, the `_get_cache_stats` family and the
-submodules `torch.tpu.compiler`, `.distributed`, `.profiler` (and `.pallas`
-where the kernels package provides it). Each name calls our implementation:
+submodules `torch.tpu.compiler`, `.distributed`, `.profiler`, `.ops`,
+`.optimizers` (and `.pallas` where the kernels package provides it). Each name calls our implementation:
 modes.py, precision.py, xla_options.py, cache/, topology.py, device.py.
 
 Owns: the name mapping, the module class that gives `torch.tpu` its two
