@@ -5,7 +5,6 @@ torch.compile (fakes), and differentiates (docs/compat.md says how).
 """
 from __future__ import annotations
 
-from typing import Sequence
 
 import torch
 

@@ -19,7 +19,6 @@ Products follow the float32 matmul precision (docs/precision.md).
 """
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import torch
 from jax import lax
