@@ -653,6 +653,21 @@ def test_single_trace_trainer_is_one_program():
         torch.testing.assert_close(dict(tpu_model.named_parameters())[name].cpu(), value.detach(), atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="targets"):
         step(_BATCHES[0][0].to("tpu"))
+    # Buffers the model updates (BatchNorm's running stats) are kept current too; Sgd with momentum.
+    torch.manual_seed(1)
+    bn = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.BatchNorm1d(8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+    tpu_bn = copy.deepcopy(bn).to("tpu")
+    reference = copy.deepcopy(bn)
+    opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+    step = O.SingleTraceTrainer(tpu_bn, O.Sgd(lr=0.1, momentum=0.9)).make_compiled_train_step(
+        _BATCHES[0][0].to("tpu"), _BATCHES[0][1].to("tpu"))
+    for x, y in _BATCHES:
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(reference(x), y).backward()
+        opt.step()
+        step(x.to("tpu"), y.to("tpu"))
+    for name, value in reference.state_dict().items():
+        torch.testing.assert_close(tpu_bn.state_dict()[name].cpu(), value, atol=1e-5, rtol=1e-5, msg=lambda m: name)
 
 
 def test_profiler_config_writes_the_device_trace(tmp_path):
