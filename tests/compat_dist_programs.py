@@ -82,6 +82,43 @@ def collectives_dim() -> None:
         got = torch.compile(f, backend="tpu")(x.to(TPU))
     check("compiled all_gather_dim + reduce_scatter_dim", got, gloo_scatter(gloo_gather(x * 2, 1), 1) + 1)
 
+    # ragged_all_to_all: rank i sends 2 rows to rank i+1, 1 to the others; 2 unsent rows; the output is
+    # 3 rows longer than what arrives (those rows keep the output's values); rows land in rank order.
+    matrix = [[2 if j == (i + 1) % world else 1 for j in range(world)] for i in range(world)]
+
+    def operand_of(r):
+        return _value(r, (sum(matrix[r]) + 2, 3), salt=41)
+
+    def output_at(r):  # the offset rank r gives rank j: after what lower ranks send to j, plus 1 spare row
+        return [1 + sum(matrix[s][j] for s in range(r)) for j in range(world)]
+
+    starts = [sum(matrix[rank][:j]) for j in range(world)]
+    recv = [matrix[s][rank] for s in range(world)]
+    total = sum(recv) + 3
+    base = _value(rank, (total, 3), salt=42)
+    expected = base.clone()
+    for s in range(world):
+        start_s = sum(matrix[s][:rank])
+        place = output_at(s)[rank]
+        expected[place:place + matrix[s][rank]] = operand_of(s)[start_s:start_s + matrix[s][rank]]
+    ints = lambda xs: torch.tensor(xs, dtype=torch.int32, device=TPU)  # noqa: E731
+    args = (ints(starts), ints(matrix[rank]), ints(output_at(rank)), ints(recv))
+    for mode in ("strict", "defer_and_fuse"):
+        with torch_tpu.execution_mode(mode):
+            op_t = operand_of(rank).to(TPU).requires_grad_()
+            out_t = base.to(TPU).requires_grad_()
+            got = ops.ragged_all_to_all(op_t, out_t, *args)
+            check(f"ragged_all_to_all {mode}", got, expected, rtol=0, atol=0)
+            weights = [_value(r, (total, 3), salt=43) for r in range(world)]
+            (got * weights[rank].to(TPU)).sum().backward()
+            want = torch.zeros_like(operand_of(rank))
+            for j in range(world):
+                place = output_at(rank)[j]
+                want[starts[j]:starts[j] + matrix[rank][j]] = weights[j][place:place + matrix[rank][j]]
+            check(f"ragged_all_to_all operand grad {mode}", op_t.grad, want)
+            arrived = (expected != base).any(1, keepdim=True)
+            check(f"ragged_all_to_all output grad {mode}", out_t.grad, torch.where(arrived, 0.0, weights[rank]))
+
     try:
         ops.reduce_scatter_dim(torch.ones(world + 1, device=TPU), 0)
     except ValueError as err:

@@ -551,7 +551,8 @@ def test_ops_collectives_need_a_process_group():
 
 @pytest.mark.skipif(torch_tpu.config.config.defer_and_fuse, reason="the program runs Strict and DeferAndFuse itself")
 def test_ops_collectives_dim_two_processes():
-    """all_gather_dim / reduce_scatter_dim (and their gradients, and compiled) on 2 processes == gloo on CPU."""
+    """all_gather_dim / reduce_scatter_dim (their gradients, compiled) on 2 processes == gloo on CPU; ragged_all_to_all
+    (uneven rows, spare rows, gradients) == the rows every rank's CPU inputs route."""
     from dist_launch import launch
 
     results = launch("collectives_dim", 2, timeout=300, script="compat_dist_programs.py")
@@ -562,6 +563,8 @@ def test_ops_collectives_dim_two_processes():
     for mode in ("strict", "defer_and_fuse"):
         for name in ("all_gather_dim 0", "all_gather_dim -1", "reduce_scatter_dim 1", "reduce_scatter_dim max",
                      "all_gather_dim grad", "reduce_scatter_dim grad"):
+            assert f"{name} {mode}" in passed, f"{name} {mode}"
+        for name in ("ragged_all_to_all", "ragged_all_to_all operand grad", "ragged_all_to_all output grad"):
             assert f"{name} {mode}" in passed, f"{name} {mode}"
     assert "compiled all_gather_dim + reduce_scatter_dim" in passed
     assert "indivisible dimension is a ValueError" in passed

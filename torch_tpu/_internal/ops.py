@@ -10,7 +10,8 @@ import torch
 
 from torch_tpu.ops import tpu_ops as _impl  # defines the operators
 
-__all__ = ["optimization_barrier", "ragged_dot", "ragged_dot_weight_grad", "all_gather_dim", "reduce_scatter_dim"]
+__all__ = ["optimization_barrier", "ragged_dot", "ragged_dot_weight_grad", "all_gather_dim", "reduce_scatter_dim",
+           "ragged_all_to_all"]
 _ops = _impl.ops
 
 
@@ -58,3 +59,16 @@ def all_gather_dim(tensor: torch.Tensor, dim: int, group=None) -> torch.Tensor:
 def reduce_scatter_dim(tensor: torch.Tensor, dim: int, group=None, reduce_op: str = "sum") -> torch.Tensor:
     """The reduction over the group of `tensor`, split along `dim` into one chunk per rank: this rank's chunk."""
     return _ops._reduce_scatter_dim(tensor, dim, reduce_op, _group_name(group))
+
+
+def ragged_all_to_all(operand: torch.Tensor, output: torch.Tensor, input_offsets: torch.Tensor,
+                      send_sizes: torch.Tensor, output_offsets: torch.Tensor, recv_sizes: torch.Tensor,
+                      group=None) -> torch.Tensor:
+    """`output` with the rows every rank sent here written in (JAX's `lax.ragged_all_to_all` contract).
+
+    This rank sends `operand[input_offsets[j]:][:send_sizes[j]]` to rank j, which places it at
+    `output_offsets[j]` of its output; `recv_sizes[j]` rows arrive from rank j. Offsets and
+    sizes count rows (the first dimension) and are one per rank of the group.
+    """
+    return _ops._ragged_all_to_all(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes,
+                                   _group_name(group))

@@ -9,7 +9,7 @@ is one program, a lowering in the table:
   (group_sizes[i] rows, in order) times `rhs[i]`; rows past the last group are zeros
   (`lax.ragged_dot`); its gradients are `_ragged_dot` (lhs) and
   `_ragged_dot_weight_grad(lhs, grad, group_sizes)` [g, k, n] (rhs).
-The collectives `_all_gather_dim` / `_reduce_scatter_dim` are not lowerings: a
+The collectives `_all_gather_dim` / `_reduce_scatter_dim` / `_ragged_all_to_all` are not lowerings: a
 collective is its own program of the process group (docs/distributed.md), so their
 kernel (every device) moves the dimension to the front, runs PyTorch's functional
 collective on the group (on tpu: the "tpu_dist" group's program) and moves it back.
@@ -32,6 +32,8 @@ _lib.define("_ragged_dot(Tensor lhs, Tensor rhs, Tensor group_sizes) -> Tensor")
 _lib.define("_ragged_dot_weight_grad(Tensor lhs, Tensor grad, Tensor group_sizes) -> Tensor")
 _lib.define("_all_gather_dim(Tensor self, int dim, str group_name) -> Tensor")
 _lib.define("_reduce_scatter_dim(Tensor self, int dim, str reduce_op, str group_name) -> Tensor")
+_lib.define("_ragged_all_to_all(Tensor operand, Tensor output, Tensor input_offsets, Tensor send_sizes, "
+            "Tensor output_offsets, Tensor recv_sizes, str group_name) -> Tensor")
 ops = torch.ops.tpu
 
 
@@ -258,4 +260,92 @@ def _scatter_backward(ctx, grad):
 
 torch.library.register_autograd("tpu::_all_gather_dim", _gather_backward, setup_context=_gather_setup, lib=_lib)
 torch.library.register_autograd("tpu::_reduce_scatter_dim", _scatter_backward, setup_context=_scatter_setup,
+                                lib=_lib)
+
+
+# ---------------------------------------------------------------- ragged all-to-all (lax.ragged_all_to_all's contract)
+# Rank r sends operand[input_offsets[j] : + send_sizes[j]] (rows) to rank j, which writes it into its
+# `output` at output_offsets[j] (an offset the *sender* gives, in the receiver's output); recv_sizes[j]
+# is what arrives from j. The result is `output` with the received rows written in.
+def _offsets_from_peers(offsets, group_name):
+    """What each peer j put in its `offsets[me]` (one element each way)."""
+    c10d = torch.ops._c10d_functional
+    size = _group(group_name).size()
+    flat = offsets.reshape(-1).contiguous()
+    return c10d.wait_tensor(c10d.all_to_all_single(flat, [1] * size, [1] * size, group_name))
+
+
+def _check_ragged_a2a(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes, group_name):
+    size = _group(group_name).size()
+    for name, t in (("input_offsets", input_offsets), ("send_sizes", send_sizes), ("output_offsets", output_offsets),
+                    ("recv_sizes", recv_sizes)):
+        if t.dim() != 1 or t.shape[0] != size or t.dtype not in (torch.int32, torch.int64):
+            raise RuntimeError(f"ragged_all_to_all: {name} must be a 1-D int32/int64 tensor of the group size "
+                               f"({size}), got {t.dtype} of shape {list(t.shape)}")
+    if operand.dim() == 0 or output.dim() != operand.dim() or operand.shape[1:] != output.shape[1:] \
+            or operand.dtype != output.dtype:
+        raise RuntimeError(f"ragged_all_to_all: operand {operand.dtype}{list(operand.shape)} and output "
+                           f"{output.dtype}{list(output.shape)} must agree in dtype and in every dimension but the first")
+
+
+@torch.library.register_fake("tpu::_ragged_all_to_all", lib=_lib)
+def _ragged_a2a_fake(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes, group_name):
+    _check_ragged_a2a(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes, group_name)
+    return output.new_empty(output.shape)
+
+
+def _ragged_all_to_all(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes, group_name):
+    _check_ragged_a2a(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes, group_name)
+    c10d = torch.ops._c10d_functional
+    arriving_at = _offsets_from_peers(output_offsets, group_name)
+    # The split sizes are host values for the process group: one read of the small tensors.
+    send, starts = send_sizes.tolist(), input_offsets.tolist()
+    recv, places = recv_sizes.tolist(), arriving_at.tolist()
+    for j, (start, n) in enumerate(zip(starts, send)):
+        if start < 0 or n < 0 or start + n > operand.shape[0]:
+            raise RuntimeError(f"ragged_all_to_all: rows [{start}, {start + n}) for rank {j} are outside the "
+                               f"operand's {operand.shape[0]} rows")
+    for j, (place, n) in enumerate(zip(places, recv)):
+        if place < 0 or n < 0 or place + n > output.shape[0]:
+            raise RuntimeError(f"ragged_all_to_all: rank {j}'s rows land at [{place}, {place + n}), outside the "
+                               f"output's {output.shape[0]} rows")
+    pieces = [operand[start:start + n] for start, n in zip(starts, send)]
+    outgoing = torch.cat(pieces).contiguous() if pieces else operand[:0]
+    incoming = c10d.wait_tensor(c10d.all_to_all_single(outgoing, recv, send, group_name))
+    result = output.clone(memory_format=torch.contiguous_format)
+    for piece, place, n in zip(incoming.split(recv), places, recv):
+        if n:
+            result[place:place + n] = piece
+    return result
+
+
+_lib.impl("_ragged_all_to_all", _ragged_all_to_all, "CompositeExplicitAutograd")
+
+
+def _ragged_a2a_setup(ctx, inputs, output):
+    operand, out, input_offsets, send_sizes, output_offsets, recv_sizes, group_name = inputs
+    ctx.save_for_backward(input_offsets, send_sizes, output_offsets, recv_sizes)
+    ctx.operand_meta = (operand.shape, operand.dtype, operand.device)
+    ctx.group_name = group_name
+
+
+def _ragged_a2a_backward(ctx, grad):
+    input_offsets, send_sizes, output_offsets, recv_sizes = ctx.saved_tensors
+    shape, dtype, device = ctx.operand_meta
+    grad = grad.contiguous()
+    grad_operand = grad_output = None
+    if ctx.needs_input_grad[0]:
+        # The reverse routing: rows that arrived from j (at the offset j gave) go back to j's input offset.
+        grad_operand = ops._ragged_all_to_all(
+            grad, torch.zeros(shape, dtype=dtype, device=device), _offsets_from_peers(output_offsets, ctx.group_name),
+            recv_sizes, _offsets_from_peers(input_offsets, ctx.group_name), send_sizes, ctx.group_name)
+    if ctx.needs_input_grad[1]:  # output's rows pass through where nothing arrived
+        arrived = ops._ragged_all_to_all(
+            torch.ones(shape, dtype=grad.dtype, device=device), torch.zeros_like(grad), input_offsets, send_sizes,
+            output_offsets, recv_sizes, ctx.group_name)
+        grad_output = grad * (1 - arrived)
+    return grad_operand, grad_output, None, None, None, None, None
+
+
+torch.library.register_autograd("tpu::_ragged_all_to_all", _ragged_a2a_backward, setup_context=_ragged_a2a_setup,
                                 lib=_lib)
