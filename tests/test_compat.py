@@ -561,7 +561,7 @@ def test_ops_collectives_dim_two_processes():
     passed = {c for _, out in results for line in out.splitlines() if line.startswith("CHECKS ")
               for c in line[len("CHECKS "):].split(",")}
     for mode in ("strict", "defer_and_fuse"):
-        for name in ("all_gather_dim 0", "all_gather_dim -1", "reduce_scatter_dim 1", "reduce_scatter_dim max",
+        for name in ("all_gather_dim 0", "all_gather_dim -1", "reduce_scatter_dim -1", "reduce_scatter_dim max",
                      "all_gather_dim grad", "reduce_scatter_dim grad"):
             assert f"{name} {mode}" in passed, f"{name} {mode}"
         for name in ("ragged_all_to_all", "ragged_all_to_all operand grad", "ragged_all_to_all output grad"):
