@@ -24,7 +24,7 @@ def optimization_barrier(tensors):
         return _ops._optimization_barrier([tensors])[0]
     if not isinstance(tensors, (list, tuple)) or not all(isinstance(t, torch.Tensor) for t in tensors):
         raise TypeError(f"optimization_barrier expects a tensor or a sequence of tensors, got {type(tensors).__name__}")
-    out = _ops._optimization_barrier(list(tensors))
+    out = _ops._optimization_barrier(list(tensors)) if tensors else []
     return type(tensors)(out) if isinstance(tensors, tuple) else list(out)
 
 

@@ -182,10 +182,12 @@ def _group(group_name: str):
 
 
 def _norm_dim(dim: int, ndim: int, name: str) -> int:
-    if not -max(ndim, 1) <= dim < max(ndim, 1):
+    if ndim == 0:
+        raise RuntimeError(f"{name}: expected a tensor with at least one dimension, got a 0-d tensor")
+    if not -ndim <= dim < ndim:
         raise IndexError(f"{name}: Dimension out of range (expected to be in range of [{-ndim}, {ndim - 1}], "
                          f"but got {dim})")
-    return dim % max(ndim, 1)
+    return dim % ndim
 
 
 _REDUCE_OPS = ("sum", "avg", "max", "min", "product")
