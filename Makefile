@@ -23,9 +23,10 @@ demo: install
 test: install
 	$(PYTHON) -m pytest -q -m "not heavy" $(PYTEST_FLAGS) tests
 
-# The same fast suite with every op recorded and fused (DeferAndFuse, docs/defer.md).
+# The same fast suite with every op recorded and fused (DeferAndFuse, docs/defer.md), less the
+# tests marked one_mode (machinery no execution mode changes: they ran in the Strict pass).
 test-defer: install
-	TORCH_TPU_DEFER_AND_FUSE=1 $(PYTHON) -m pytest -q -m "not heavy" $(PYTEST_FLAGS) tests
+	TORCH_TPU_DEFER_AND_FUSE=1 $(PYTHON) -m pytest -q -m "not heavy and not one_mode" $(PYTEST_FLAGS) tests
 
 test-heavy: install
 	$(PYTHON) -m pytest -q -m heavy $(PYTEST_FLAGS) tests

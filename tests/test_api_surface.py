@@ -15,6 +15,7 @@ def _python(code, **env):
                           env=dict(os.environ, **env))
 
 
+@pytest.mark.one_mode
 def test_set_num_cpu_devices_before_init():
     """torch_tpu.set_num_cpu_devices(n) before first use gives n devices; after init it refuses a change."""
     code = ("import torch, torch_tpu\n"
@@ -26,6 +27,7 @@ def test_set_num_cpu_devices_before_init():
     assert out.stdout.split() == ["3", "refused"]
 
 
+@pytest.mark.one_mode
 def test_platform_env_var():
     """TORCH_TPU_PLATFORM=cpu selects XLA:CPU; an unknown platform is a clear error."""
     out = _python("import torch; print(torch.tpu.get_device_properties(0).platform)", TORCH_TPU_PLATFORM="cpu")
@@ -34,12 +36,14 @@ def test_platform_env_var():
     assert bad.returncode != 0 and "TORCH_TPU_PLATFORM" in bad.stderr
 
 
+@pytest.mark.one_mode
 def test_num_cpu_devices_env_var():
     """TORCH_TPU_NUM_CPU_DEVICES=2 gives two devices."""
     out = _python("import torch; print(torch.tpu.device_count())", TORCH_TPU_NUM_CPU_DEVICES="2")
     assert out.stdout.strip() == "2", out.stderr
 
 
+@pytest.mark.one_mode
 def test_cli_info():
     """`torch-tpu info` lists the platform and devices."""
     exe = os.path.join(os.path.dirname(sys.executable), "torch-tpu")

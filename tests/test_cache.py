@@ -203,6 +203,7 @@ def test_lock_timeout_compiles_anyway(tmp_path):
     assert waited["stats"]["lock_timeouts"] >= 1 and waited["compiled"] >= 1
 
 
+@pytest.mark.one_mode
 def test_world_writable_dir_is_refused(tmp_path):
     """A cache directory others can write is refused with a warning; programs still run (compiled)."""
     l2 = tmp_path / "l2"
@@ -214,6 +215,7 @@ def test_world_writable_dir_is_refused(tmp_path):
     assert run["compiled"] > 0 and list(l2.iterdir()) == []
 
 
+@pytest.mark.one_mode
 def test_failing_remote_is_warned_once_and_skipped(tmp_path):
     """A remote that errors is warned about once; the run goes on with level 2."""
     (tmp_path / "afile").write_bytes(b"not a directory")
@@ -248,6 +250,7 @@ def s3_server():
     server.stop()
 
 
+@pytest.mark.one_mode
 def test_s3_remote_serves_a_fresh_host(s3_server, tmp_path):
     """Entries written to S3 by one host's process serve another with an empty level 2."""
     url = "s3://tpu-cache/run1"
@@ -347,6 +350,7 @@ def test_stats_and_report(private_cache):
     assert "compile cache: L2 host hits / misses" in report and "compile cache: single-flight waits" in report
 
 
+@pytest.mark.one_mode
 def test_cli_info_and_clear(private_cache, capsys):
     """`torch-tpu cache info` describes the levels; `cache clear` empties level 2."""
     from torch_tpu import cli
@@ -361,6 +365,7 @@ def test_cli_info_and_clear(private_cache, capsys):
     assert _files(private_cache, ".exe") == []
 
 
+@pytest.mark.one_mode
 def test_keys_name_the_program_and_its_device():
     """Equal inputs give equal keys; another program, device or signature gives another key."""
     d0, d1 = jax.devices("cpu")[:2]
@@ -376,6 +381,7 @@ def test_keys_name_the_program_and_its_device():
     assert len(cache.program_key(sig, d0)) == 64
 
 
+@pytest.mark.one_mode
 def test_configure_returns_previous_settings(tmp_path):
     """configure() changes the settings in force and returns the old ones; configured() restores them."""
     before = cache.settings()
@@ -387,6 +393,7 @@ def test_configure_returns_previous_settings(tmp_path):
     assert cache.settings() == before
 
 
+@pytest.mark.one_mode
 def test_reset_stats_zeroes_counters(private_cache):
     """reset_stats() zeroes hits, misses and compiles (entries stay)."""
     (torch.arange(47.0).to("tpu") - 1).cpu()
@@ -397,6 +404,7 @@ def test_reset_stats_zeroes_counters(private_cache):
     assert _files(private_cache, ".exe")
 
 
+@pytest.mark.one_mode
 def test_cli_remote_info_and_clear(tmp_path, capsys):
     """`cache info --remote` lists the remote level; `cache clear --remote` empties it too."""
     from torch_tpu import cli

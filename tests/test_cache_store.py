@@ -9,6 +9,9 @@ import pytest
 from torch_tpu import config as config_module
 from torch_tpu.cache import entry, store
 
+# The store is files and locks: no execution mode changes it.
+pytestmark = pytest.mark.one_mode
+
 KEY = "ab" * 32
 
 

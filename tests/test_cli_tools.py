@@ -17,8 +17,8 @@ from torch_tpu.config import config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURE = os.path.join(ROOT, "tests", "fixtures", "migrate_repo")
-# CLI tools do not depend on the execution mode: their subprocesses run in the strict pass only.
-strict_only = pytest.mark.skipif(config.defer_and_fuse, reason="mode-independent tool; runs in the Strict pass")
+# CLI tools do not depend on the execution mode: the Strict pass runs them (make test-defer leaves them out).
+pytestmark = pytest.mark.one_mode
 
 
 def _env(**extra) -> dict:
@@ -82,7 +82,6 @@ def test_migrate_cli_report_json_and_check(repo, capsys):
     assert {"path", "line", "column", "category", "what", "replacement", "mechanical"} <= set(data["findings"][0])
 
 
-@strict_only
 def test_migrate_apply_rewrites_and_the_script_trains_on_tpu(repo, capsys, tmp_path):
     outside = (tmp_path / "outside.py").read_text()
     before = (repo / "train.py").read_text()

@@ -64,6 +64,7 @@ def test_synchronize_and_streams():
     s.synchronize()
 
 
+@pytest.mark.one_mode
 def test_autoload_import_torch_alone():
     """PyTorch's device-backend autoload: a bare `import torch` makes 'tpu' usable."""
     code = "import torch; x = torch.ones(3, device='tpu'); print((x * 2).sum().item())"
@@ -72,6 +73,7 @@ def test_autoload_import_torch_alone():
     assert out.stdout.strip() == "6.0"
 
 
+@pytest.mark.one_mode
 def test_import_torch_tpu_first():
     """`import torch_tpu` before `import torch` works (the autoload entry point tolerates it)."""
     code = "import torch_tpu, torch; print(torch.ones(2, device='tpu').sum().item())"
@@ -80,6 +82,7 @@ def test_import_torch_tpu_first():
     assert out.stdout.strip() == "2.0"
 
 
+@pytest.mark.one_mode
 def test_import_is_light():
     """Importing torch_tpu does not start JAX (the runtime starts on first use)."""
     code = ("import sys, torch, torch_tpu; assert 'jax' not in sys.modules, 'jax imported'; "
@@ -88,6 +91,7 @@ def test_import_is_light():
     assert out.returncode == 0, out.stderr
 
 
+@pytest.mark.one_mode
 def test_version():
     assert torch_tpu.__version__
 

@@ -89,6 +89,7 @@ def test_bad_reference():
         numerics.compare(model, idx, reference=torch.float16)
 
 
+@pytest.mark.one_mode
 def test_cli_runs_demo_gpt(capsys):
     """`torch-tpu numerics` prints the per-layer table of the demo GPT, one column per precision."""
     code = cli.main(["numerics", "--layers", "1", "--embd", "32", "--heads", "2", "--seq", "16",
@@ -99,6 +100,7 @@ def test_cli_runs_demo_gpt(capsys):
     assert "tok_emb" in out and "(model)" in out
 
 
+@pytest.mark.one_mode
 def test_cli_runs_user_factory(tmp_path, capsys):
     """`torch-tpu numerics FILE.py:FACTORY` compares the user's model."""
     script = tmp_path / "mlp.py"
