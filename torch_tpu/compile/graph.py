@@ -133,7 +133,9 @@ class Plan:
         self.unwritten: set[int] = set()  # input slots whose storage was never written: zeros
         self.zero_slots: list[int] = []  # slots of empty factories
         self.steps: list[Step] = []
-        self.outputs: list = []  # per graph output: ("t", slot, entry, OutputMeta) | ("py", value)
+        # per graph output: ("t", slot, entry, OutputMeta) | ("alias", argument, sizes, strides, offset)
+        # | ("host", index) | ("py", value)
+        self.outputs: list = []
         self.n_rng = 0
         self.level = level
         # Outputs in their N-d shapes, flattened by a second (reshape) program: see `_physical`.
@@ -144,9 +146,11 @@ class Plan:
         self.host_steps: list[tuple] = []  # (target, args, kwargs, out indices); mutating ones last
         self.host_mutations: list[tuple] = []
         self.host_scalars: list[int] = []  # host index of each runtime scalar the program reads
+        self.arguments_of: dict[int, list] = {}  # input slot -> [(argument position, dtype)]
         self._build(gm, key)
         written = {s for step in self.steps for s in step.updated}
         self.mutated = [s for s in self.input_slots if s in written]  # input slots the graph writes
+        self.outputs = [self._alias(out, written) for out in self.outputs]
         self.indexable = all(program_mod.indexable(step.prog) for step in self.steps)
 
     # ------------------------------------------------------------ planning
@@ -165,6 +169,8 @@ class Plan:
                 self.host_inputs.append((position, env[node].index))
             else:
                 env[node] = self._input(entry, slot_of)
+                if isinstance(env[node], Value):
+                    self.arguments_of.setdefault(env[node].slot, []).append((position, entry[1]))
         for node in gm.graph.nodes:
             if node.op == "placeholder":
                 continue
@@ -232,6 +238,21 @@ class Plan:
         sizes, strides = tuple(meta.shape), tuple(meta.stride())
         entry = (meta.dtype, sizes, strides, meta.storage_offset())
         return ("t", value.slot, entry, program_mod.OutputMeta(sizes, strides, meta.dtype))
+
+    def _alias(self, out, written):
+        """An output viewing an input storage the graph does not write: ("alias", argument, metadata).
+
+        A forward graph returns parameters and their transposes among the values it saves for
+        backward; as views of the argument (what eager's view ops return) they cost no copy in the
+        program, and autograd's version counter sees a later in-place update of the parameter.
+        """
+        if out[0] != "t" or out[1] in written or out[1] not in self.arguments_of:
+            return out
+        dtype, sizes, strides, offset = out[2]
+        for position, arg_dtype in self.arguments_of[out[1]]:
+            if arg_dtype == dtype:
+                return ("alias", position, sizes, strides, offset)
+        return out
 
     def _call(self, target, args, kwargs):
         if not isinstance(target, torch._ops.OpOverload):
@@ -534,8 +555,11 @@ def _physical(value, m):
 _flatteners: dict = {}
 
 
-def _flatten(arrays: list, device: int) -> list:
-    """N-d outputs as flat storage buffers, by a compiled reshape that donates them (a bitcast, no copy)."""
+def _flattener(arrays: list, device: int):
+    """The executable flattening outputs shaped like `arrays` into flat storage buffers.
+
+    A compiled reshape that donates them (a bitcast, no copy).
+    """
     shapes = tuple((a.shape, str(a.dtype)) for a in arrays)
     executable = _flatteners.get((shapes, device))
     if executable is None:
@@ -544,7 +568,7 @@ def _flatten(arrays: list, device: int) -> list:
         executable = program_mod.compile_indexed(lambda xs: [x.reshape(-1) for x in xs], sharding, (arrays,),
                                                  ("torch.compile flatten", shapes), out_tree, donate_argnums=(0,))
         _flatteners[(shapes, device)] = executable
-    return executable(arrays)
+    return executable
 
 
 def _rng_words(rng, k: int):
@@ -613,7 +637,7 @@ _buffers = storage.buffers
 class Compiled:
     """One planned and compiled graph signature."""
 
-    __slots__ = ("plan", "executable", "donated_slots", "kept_slots", "layouts")
+    __slots__ = ("plan", "executable", "donated_slots", "kept_slots", "layouts", "flatten")
 
 
 class GraphFunction:
@@ -653,6 +677,7 @@ class GraphFunction:
                 return self._run_eager(args)
         plan = compiled.plan
         env, host = plan.run_host(args) if plan.n_host else (None, None)
+        aliases = [_view_of(args[out[1]], out) for out in plan.outputs if out[0] == "alias"]
         args.clear()
         mutated = set(plan.mutated)
         donated = [_own(arrays[s]) for s in compiled.donated_slots]
@@ -670,14 +695,21 @@ class GraphFunction:
         del donated
         for s, array in zip(plan.mutated, updated):
             _buffers[addresses[s]] = (array, plan.slot_layout[s][0])
-        if plan.nd_outputs and any(o.ndim != 1 for o in outs):
-            outs = _flatten(list(outs), device)
+        if compiled.flatten is not False:
+            if compiled.flatten is None:  # the shapes are the plan's: one flattener per compiled signature
+                nd = plan.nd_outputs and any(o.ndim != 1 for o in outs)
+                compiled.flatten = _flattener(list(outs), device) if nd else False
+            if compiled.flatten is not False:
+                outs = compiled.flatten(list(outs))
         fresh = _native.new_outputs(compiled.layouts, outs, device, _buffers) if compiled.layouts else []
-        results, position = [], 0
+        results, position, alias = [], 0, 0
         for out in plan.outputs:
             if out[0] == "t":
                 results.append(fresh[position])
                 position += 1
+            elif out[0] == "alias":
+                results.append(aliases[alias])
+                alias += 1
             elif out[0] == "host":
                 results.append(env[out[1]])
             else:
@@ -748,6 +780,7 @@ class GraphFunction:
         compiled.executable = executable
         compiled.donated_slots = donated_slots
         compiled.kept_slots = kept_slots
+        compiled.flatten = None  # found on the first launch: see __call__
         compiled.layouts = tuple((m.sizes, m.strides, m.dtype) for out in plan.outputs if out[0] == "t"
                                  for m in [out[3]])
         self.compiled[key] = compiled
@@ -767,8 +800,21 @@ class GraphFunction:
         return list(out) if isinstance(out, (list, tuple)) else [out]
 
 
+def _view_of(arg: torch.Tensor, out) -> torch.Tensor:
+    """The argument itself, or a view of it with the output's metadata (no program, no copy)."""
+    _, _, sizes, strides, offset = out
+    if tuple(arg.shape) == sizes and tuple(arg.stride()) == strides and arg.storage_offset() == offset:
+        return arg
+    return arg.as_strided(sizes, strides, offset)
+
+
 def _host_vector(values, device: int):
     """The program's host scalars (CPU scalar tensors' values) as one float64 vector: one transfer per call."""
+    if not values:  # most graphs have none: one empty vector per device, no transfer
+        empty = _NO_HOST.get(device)
+        if empty is None:
+            empty = _NO_HOST[device] = jax.device_put(np.zeros(0, np.float64), platform.get().devices[device])
+        return empty
     return jax.device_put(np.asarray(values or (), np.float64), platform.get().devices[device])
 
 
@@ -803,3 +849,4 @@ def _take_rng(n: int, device: int):
 
 
 _NO_RNG: dict = {}
+_NO_HOST: dict = {}
