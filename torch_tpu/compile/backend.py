@@ -77,13 +77,13 @@ def decompositions() -> dict:
 
     An op the lowering table lowers (itself, or as the in-place/out= variant of a lowered op)
     stays whole: one lowering, as in eager, instead of the ops a decomposition would make.
-    View ops stay (they are metadata over a storage slot, graph.py), and so do the empty
+    View ops stay (they are metadata over a storage slot, plan.py), and so do the empty
     factories (a zero buffer). Everything else with a decomposition in `torch._decomp`'s table
     is decomposed, recursively, until it reaches lowered ops.
     """
     from torch._decomp import decomposition_table
 
-    from torch_tpu.compile import graph
+    from torch_tpu.compile import plan
     from torch_tpu.eager import opspec
     from torch_tpu.ops import registry
     from torch_tpu.runtime import platform
@@ -92,7 +92,7 @@ def decompositions() -> dict:
     lowered = registry.table()
     table = {}
     for op, fn in decomposition_table.items():
-        if not isinstance(op, torch._ops.OpOverload) or op in lowered or op in graph.EMPTY:
+        if not isinstance(op, torch._ops.OpOverload) or op in lowered or op in plan.EMPTY:
             continue
         if op is aten._unsafe_view.default:
             continue
@@ -102,7 +102,7 @@ def decompositions() -> dict:
         functional = opspec.functional_counterpart(op)
         if functional is not None and functional in lowered:
             continue
-        if graph.lowered_out_variant(op) is not None or graph.lowered_inplace_variant(op) is not None:
+        if plan.lowered_out_variant(op) is not None or plan.lowered_inplace_variant(op) is not None:
             continue  # run through its lowered out= / in-place variant, as eager does (arange)
         table[op] = fn
     for op, fn in _OWN.items():

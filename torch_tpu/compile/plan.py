@@ -1,0 +1,575 @@
+"""Planning one ATen FX graph as one XLA program, from the eager executors' op programs.
+
+`Plan(gm, key, level)` walks the graph for one concrete argument signature on meta tensors
+with the eager model of memory: every value is a view (sizes, strides, storage offset) of a
+*slot*, a flat buffer like a tpu storage's. Inputs are the storages of the tpu arguments; view
+ops only make new metadata over the same slot; every other op becomes the `OpProgram` the
+strict executor would build for the same arguments (program.build: PyTorch's meta run and
+promotion, the lowering table, runtime scalars, random (seed, offset), precision), reading
+its slots and giving fresh slots and updated ones. `Plan.function()` is the traced function
+running those programs' traces in order, so compiled and eager results are computed by the
+same lowerings. CPU values (a non-capturable optimizer's step counts) become host steps run
+by PyTorch before each launch (`Plan.run_host`).
+
+Owns: planning, the traced graph function, host steps.
+Does not own: launching (graph.py), what ops compute (ops/), op programs (eager/program.py).
+"""
+from __future__ import annotations
+
+import operator
+
+import jax.numpy as jnp
+import torch
+
+from torch_tpu.eager import opspec, strided
+from torch_tpu.eager import program as program_mod
+from torch_tpu.eager.opspec import Arg
+from torch_tpu.ops import registry
+from torch_tpu.runtime import dtypes
+
+aten = torch.ops.aten
+_TENSOR, _SCALAR, _SCALAR_LIST = program_mod.TENSOR, program_mod.SCALAR, program_mod.SCALAR_LIST
+_NUMBERS = (int, float, bool, complex)
+# Factories whose values are never read before being written: a zero buffer of their layout.
+EMPTY = {aten.empty.memory_format, aten.empty_strided.default, aten.new_empty.default,
+          aten.new_empty_strided.default, aten.empty_like.default}
+
+
+class Unsupported(Exception):
+    """The graph has something one XLA program cannot hold; it runs op by op in eager instead."""
+
+
+class Value:
+    """A tensor while planning: a meta tensor viewing slot `slot`."""
+
+    __slots__ = ("slot", "meta")
+
+    def __init__(self, slot: int, meta: torch.Tensor):
+        self.slot = slot
+        self.meta = meta
+
+
+class HostValue:
+    """A CPU tensor while planning (an optimizer's `step` counts, their bias corrections).
+
+    CPU values are computed on the host, by PyTorch, before each launch (`Plan.host_steps`);
+    a 0-dim one read by a device op is a runtime scalar of the program.
+    """
+
+    __slots__ = ("index", "meta")
+
+    def __init__(self, index: int, meta: torch.Tensor):
+        self.index = index
+        self.meta = meta
+
+
+class HostRef:
+    """A runtime scalar of the program: element `k` of its host-scalar vector."""
+
+    __slots__ = ("k",)
+
+    def __init__(self, k: int):
+        self.k = k
+
+
+class Step:
+    """One op program in the graph: global slots in/out and its scalars."""
+
+    __slots__ = ("prog", "inputs", "scalars", "rng", "fresh", "updated")
+
+    def __init__(self, prog, inputs, scalars, rng, fresh, updated):
+        self.prog = prog
+        self.inputs = inputs  # global slot per program input slot
+        self.scalars = scalars  # Python values (constants of the trace)
+        self.rng = rng  # index among the graph's random ops, or None
+        self.fresh = fresh  # global slot per fresh output buffer
+        self.updated = updated  # global slot per updated program slot
+
+
+_programs: dict = {}  # op signature -> OpProgram (the compile backend's own level-1 table)
+
+
+class Plan:
+    """A graph planned for one concrete argument signature."""
+
+    def __init__(self, gm: torch.fx.GraphModule, key: tuple, level: str, nd_outputs: bool = True):
+        self.slot_layout: list[tuple] = []  # (torch dtype, nbytes) per slot
+        self.input_slots: list[int] = []  # slots read from storages, in first-argument order
+        self.unwritten: set[int] = set()  # input slots whose storage was never written: zeros
+        self.zero_slots: list[int] = []  # slots of empty factories
+        self.steps: list[Step] = []
+        # per graph output: ("t", slot, entry, OutputMeta) | ("alias", argument, sizes, strides, offset)
+        # | ("host", index) | ("py", value)
+        self.outputs: list = []
+        self.n_rng = 0
+        self.level = level
+        # Outputs in their N-d shapes, flattened by a second (reshape) program: see `_physical`.
+        # Dynamic-shape graphs return flat buffers instead: one XLA compile per new size, not two.
+        self.nd_outputs = nd_outputs
+        self.n_host = 0  # host values (CPU placeholders, then results of host steps)
+        self.host_inputs: list[tuple[int, int]] = []  # (argument position, host index)
+        self.host_steps: list[tuple] = []  # (target, args, kwargs, out indices); mutating ones last
+        self.host_mutations: list[tuple] = []
+        self.host_scalars: list[int] = []  # host index of each runtime scalar the program reads
+        self.arguments_of: dict[int, list] = {}  # input slot -> [(argument position, dtype)]
+        self._build(gm, key)
+        written = {s for step in self.steps for s in step.updated}
+        self.mutated = [s for s in self.input_slots if s in written]  # input slots the graph writes
+        self.outputs = [self._alias(out, written) for out in self.outputs]
+        self.indexable = all(program_mod.indexable(step.prog) for step in self.steps)
+
+    # ------------------------------------------------------------ planning
+    def _new_slot(self, dtype, nbytes) -> int:
+        self.slot_layout.append((dtype, nbytes))
+        return len(self.slot_layout) - 1
+
+    def _build(self, gm, key) -> None:
+        args_key, self.device = key[0], key[1]
+        env: dict = {}
+        slot_of: dict[int, int] = {}  # argument slot index (within the key) -> plan slot
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        for position, (node, entry) in enumerate(zip(placeholders, args_key)):
+            if entry is not None and entry[0] == "H":
+                env[node] = self._host_value(torch.empty_strided(entry[2], entry[3], dtype=entry[1], device="meta"))
+                self.host_inputs.append((position, env[node].index))
+            else:
+                env[node] = self._input(entry, slot_of)
+                if isinstance(env[node], Value):
+                    self.arguments_of.setdefault(env[node].slot, []).append((position, entry[1]))
+        for node in gm.graph.nodes:
+            if node.op == "placeholder":
+                continue
+            if node.op == "output":
+                self.outputs = [self._output(v) for v in _flat_outputs(_substitute(node.args[0], env))]
+                break
+            if node.op == "get_attr":
+                raise Unsupported(f"graph attribute {node.target}")  # AOTAutograd lifts parameters to inputs
+            if node.op != "call_function":
+                raise Unsupported(f"{node.op} node {node.target}")
+            try:
+                env[node] = self._call(node.target, _substitute(node.args, env), _substitute(node.kwargs, env))
+            except Unsupported:
+                raise
+            except Exception as err:
+                err.add_note(f"[torch_tpu compile] while planning node {node.name}: {node.format_node()}")
+                raise
+
+    def _input(self, entry, slot_of):
+        if entry is None or entry[0] != _TENSOR:
+            return None if entry is None else entry[1]
+        _, dtype, sizes, strides, offset, arg_slot, slot_dtype, nbytes, written = entry
+        slot = slot_of.get(arg_slot)
+        if slot is None:
+            slot = slot_of[arg_slot] = self._new_slot(slot_dtype, nbytes)
+            self.input_slots.append(slot)
+            if not written:
+                self.unwritten.add(slot)
+        base = torch.empty((nbytes // slot_dtype.itemsize,), dtype=slot_dtype, device="meta")
+        if dtype != slot_dtype:
+            base = base.view(dtype)
+        return Value(slot, base.as_strided(sizes, strides, offset))
+
+    def _host_value(self, meta) -> HostValue:
+        self.n_host += 1
+        return HostValue(self.n_host - 1, meta)
+
+    def _host_call(self, target, args, kwargs):
+        """A node over CPU tensors only: run by PyTorch on the host before each launch."""
+        result = target(*_metas(args), **_metas(kwargs))
+        out = _wrap_host(result, self)
+        record = (target, _host_refs(args), _host_refs(kwargs), _host_refs(out))
+        s = opspec.spec(target)
+        if s.writes:
+            self.host_mutations.append(record)
+        else:
+            self.host_steps.append(record)
+        return out
+
+    def _host_scalar(self, value: HostValue) -> HostRef:
+        if value.meta.dim() != 0 or value.meta.dtype.is_complex:
+            raise Unsupported("a CPU tensor that is not a real 0-dim scalar, read by a tpu op")
+        if value.index not in self.host_scalars:
+            self.host_scalars.append(value.index)
+        return HostRef(self.host_scalars.index(value.index))
+
+    def _output(self, value):
+        if isinstance(value, HostValue):
+            return ("host", value.index)
+        if not isinstance(value, Value):
+            if isinstance(value, torch.Tensor):
+                raise Unsupported("a graph output that is not a tpu value")
+            return ("py", value)
+        meta = value.meta
+        sizes, strides = tuple(meta.shape), tuple(meta.stride())
+        entry = (meta.dtype, sizes, strides, meta.storage_offset())
+        return ("t", value.slot, entry, program_mod.OutputMeta(sizes, strides, meta.dtype))
+
+    def _alias(self, out, written):
+        """An output viewing an input storage the graph does not write: ("alias", argument, metadata).
+
+        A forward graph returns parameters and their transposes among the values it saves for
+        backward; as views of the argument (what eager's view ops return) they cost no copy in the
+        program, and autograd's version counter sees a later in-place update of the parameter.
+        """
+        if out[0] != "t" or out[1] in written or out[1] not in self.arguments_of:
+            return out
+        dtype, sizes, strides, offset = out[2]
+        for position, arg_dtype in self.arguments_of[out[1]]:
+            if arg_dtype == dtype:
+                return ("alias", position, sizes, strides, offset)
+        return out
+
+    def _call(self, target, args, kwargs):
+        if not isinstance(target, torch._ops.OpOverload):
+            if target is operator.getitem:
+                return args[0][args[1]]
+            return self._python(target, args, kwargs)
+        flat = _flat_outputs([list(args), list(kwargs.values())])
+        on_host = any(isinstance(v, HostValue) for v in flat)
+        if (on_host and not any(isinstance(v, Value) for v in flat)) or _host_factory(kwargs):
+            return self._host_call(target, args, kwargs)
+        if target in EMPTY:
+            meta = target(*_metas(args), **_metas(kwargs))
+            slot = self._new_slot(meta.dtype, meta.untyped_storage().nbytes())
+            self.zero_slots.append(slot)
+            return Value(slot, meta)
+        lowering = registry.get(target)
+        via_functional = False
+        if lowering is None:
+            functional = opspec.functional_counterpart(target)
+            lowering = registry.get(functional) if functional is not None else None
+            via_functional = lowering is not None
+        if lowering is not None:
+            return self._lowered(target, lowering, via_functional, args, kwargs)
+        s = opspec.spec(target)
+        if s.is_view and not s.writes:
+            return self._view(target, args, kwargs)
+        if target is aten._unsafe_view.default:  # a view of a value AOTAutograd made contiguous
+            return self._view(aten.view.default, [self._contiguous(args[0]), *args[1:]], kwargs)
+        if not any(kind == "fresh" for kind, _ in s.returns):  # sym_size, sym_stride, ...: metadata
+            return self._python(target, args, kwargs)
+        out_variant = lowered_out_variant(target)
+        if out_variant is not None:  # arange: eager runs its out= variant, so do we
+            return self._via_out(target, out_variant, args, kwargs)
+        inplace = lowered_inplace_variant(target)
+        if inplace is not None:  # normal_functional(x): normal_ on a copy of x
+            copy = self._lowered(aten.clone.default, registry.get(aten.clone.default), False, [args[0]], {})
+            return self._lowered(inplace, registry.get(inplace), False, [copy, *args[1:]], kwargs)
+        raise Unsupported(f"{target} has no lowering and no decomposition")
+
+    def _via_out(self, op, out_variant, args, kwargs):
+        meta_kwargs = {k: ("meta" if k == "device" else v) for k, v in _metas(kwargs).items()}
+        meta = op(*_metas(args), **meta_kwargs)
+        slot = self._new_slot(meta.dtype, meta.untyped_storage().nbytes())
+        self.zero_slots.append(slot)
+        names = set(opspec.spec(out_variant).names)
+        out_kwargs = {k: v for k, v in kwargs.items() if k in names}
+        out_kwargs["out"] = Value(slot, meta)
+        return self._lowered(out_variant, registry.get(out_variant), False, args, out_kwargs)
+
+    def _python(self, target, args, kwargs):
+        """A node computing metadata (SymInt arithmetic, sym_size): evaluated now, on meta tensors."""
+        result = target(*_metas(args), **_metas(kwargs))
+        if isinstance(result, torch.Tensor):
+            raise Unsupported(f"{target} computes a tensor outside the lowering table")
+        return result
+
+    def _view(self, op, args, kwargs):
+        base = next((a for a in _flat_outputs(list(args)) if isinstance(a, Value)), None)
+        if base is None:
+            raise Unsupported(f"view op {op} without a tensor argument")
+        result = op(*_metas(args), **_metas(kwargs))
+        return _wrap(result, base.slot)
+
+    def _contiguous(self, value: Value) -> Value:
+        meta = value.meta
+        if strided.is_contiguous(meta.shape, meta.stride()):
+            return value
+        return self._lowered(aten.clone.default, registry.get(aten.clone.default), False, [value], {})
+
+    def _lowered(self, op, lowering, via_functional, args, kwargs):
+        s = opspec.spec(op, lowering.mutates, lowering.runtime)
+        full = s.normalize(tuple(args), kwargs)
+        if registry.preparation(op) is not None and not getattr(registry.preparation(op), "only_resolves_lazy_bits",
+                                                                 False):
+            if any(isinstance(v, Value) and v.meta.dtype == torch.bool for v in _flat_outputs(full)):
+                raise Unsupported(f"{op} with boolean masks (a value-dependent shape)")
+        entries, scalars, local_of, local_slots = [], [], {}, []
+
+        def tensor_entry(v):
+            if isinstance(v, HostValue):  # a CPU scalar tensor: a runtime scalar, as in eager
+                scalars.append(self._host_scalar(v))
+                return (program_mod.CPU_SCALAR, v.meta.dtype)
+            if not isinstance(v, Value):
+                raise Unsupported(f"{op}: a tensor argument that is not a tpu value")
+            local = local_of.get(v.slot)
+            if local is None:
+                local = local_of[v.slot] = len(local_slots)
+                local_slots.append(v.slot)
+            meta = v.meta
+            offset = meta.storage_offset()
+            if offset:  # the program reads it from its scalars: here a trace-time constant
+                scalars.append(offset)
+            return (_TENSOR, meta.dtype, tuple(meta.shape), tuple(meta.stride()),
+                    program_mod.DYNAMIC if offset else 0, local)
+
+        for i, (kind, value) in enumerate(zip(s.kinds, full)):
+            if value is None or kind == Arg.GENERATOR:
+                entries.append(None)
+            elif kind <= Arg.OPT_TENSOR:
+                if isinstance(value, (Value, HostValue)):
+                    entries.append(tensor_entry(value))
+                elif type(value) in _NUMBERS:
+                    entries.append((_SCALAR, type(value)))
+                    scalars.append(value)
+                else:
+                    raise Unsupported(f"{op}: argument {s.names[i]} is {type(value).__name__}")
+            elif kind <= Arg.OPT_TENSOR_LIST:
+                entries.append(tuple(None if t is None else tensor_entry(t) for t in value))
+            elif kind <= Arg.OPT_SCALAR:
+                value = _concrete(value)
+                if lowering.static_scalars:
+                    entries.append(("V", value))
+                else:
+                    entries.append((_SCALAR, type(value)))
+                    scalars.append(value)
+            elif kind == Arg.SCALAR_LIST:
+                value = [_concrete(v) for v in value]
+                entries.append((_SCALAR_LIST, tuple(map(type, value))))
+                scalars.extend(value)
+            else:
+                value = _concrete(value)
+                entries.append(tuple(value) if type(value) is list else value)
+        slots = tuple(self.slot_layout[g] for g in local_slots)
+        key = (s.name, self.device, *entries, slots)
+        if lowering.precision:
+            key = (*key, self.level)
+        prog = _programs.get(key)
+        if prog is None:
+            example = [0 if isinstance(v, HostRef) else v for v in scalars]
+            prog = program_mod.build(key, s, lowering, example, via_functional)
+            if prog.resize:
+                raise Unsupported(f"{op} resizes an out= argument")
+            _programs[key] = prog
+        rng = None
+        if lowering.rng:
+            rng, self.n_rng = self.n_rng, self.n_rng + 1
+        fresh, outs = [], []
+        for m in prog.outputs:
+            if m is None:
+                outs.append(None)
+                continue
+            slot = self._new_slot(m.dtype, m.nbytes)
+            fresh.append(slot)
+            outs.append(Value(slot, torch.empty_strided(m.sizes, m.strides, dtype=m.dtype, device="meta")))
+        inputs = [local_slots[i] for i in prog.input_slots]
+        updated = [local_slots[i] for i in prog.updated_slots]
+        self.steps.append(Step(prog, inputs, tuple(scalars), rng, fresh, updated))
+        return program_mod.returns(s, prog, full, outs)
+
+    # ------------------------------------------------------------ tracing
+    def function(self):
+        """The traced function: (donated buffers, kept buffers, rng words) -> (outputs, mutated inputs' buffers)."""
+        layout = [(dtypes.to_jax(dtype), nbytes // dtype.itemsize) for dtype, nbytes in self.slot_layout]
+        read_slots = [s for s in self.input_slots if s not in self.unwritten]
+        donated_slots = [s for s in read_slots if s in set(self.mutated)]
+        kept_slots = [s for s in read_slots if s not in set(self.mutated)]
+
+        def graph(donated, kept, rng, host):
+            bufs = [None] * len(layout)
+            for s, array in zip(donated_slots, donated):
+                bufs[s] = array
+            for s, array in zip(kept_slots, kept):
+                bufs[s] = array
+            for s in (*self.unwritten, *self.zero_slots):
+                bufs[s] = jnp.zeros((layout[s][1],), layout[s][0])
+            for step in self.steps:
+                scalars = [host[v.k] if isinstance(v, HostRef) else v for v in step.scalars]
+                if step.rng is not None:
+                    scalars.extend(_rng_words(rng, step.rng))
+                fresh, updated = step.prog.trace([bufs[s] for s in step.inputs], scalars)
+                for s, array in zip(step.fresh, fresh):
+                    bufs[s] = array
+                for s, array in zip(step.updated, updated):
+                    bufs[s] = array
+            outs = []
+            for out in self.outputs:
+                if out[0] != "t":
+                    continue
+                _, slot, (dtype, sizes, strides, offset), m = out
+                value = strided.read(strided.reinterpret(bufs[slot], dtypes.to_jax(dtype)), sizes, strides, offset)
+                outs.append(_physical(value, m) if self.nd_outputs else strided.to_flat(value, m.strides))
+            return outs, [bufs[s] for s in self.mutated]
+
+        return graph, donated_slots, kept_slots
+
+    def run_host(self, args) -> tuple[list, list]:
+        """The host steps on this call's CPU arguments: (host values, the program's host scalars)."""
+        env = [None] * self.n_host
+        for position, index in self.host_inputs:
+            env[index] = args[position]
+        for target, a, k, out in self.host_steps:
+            _assign(env, out, target(*_host_args(a, env), **_host_args(k, env)))
+        scalars = [env[i].item() for i in self.host_scalars]
+        for target, a, k, out in self.host_mutations:
+            _assign(env, out, target(*_host_args(a, env), **_host_args(k, env)))
+        return env, scalars
+
+
+def _host_factory(kwargs) -> bool:
+    device = kwargs.get("device")
+    return device is not None and torch.device(device).type == "cpu"
+
+
+def _wrap_host(result, plan):
+    if isinstance(result, torch.Tensor):
+        return plan._host_value(result)
+    if isinstance(result, (list, tuple)):
+        return _same_kind(result, [_wrap_host(r, plan) for r in result])
+    return result
+
+
+def _host_refs(obj):
+    """A host step's arguments with host values as ("h", index) markers."""
+    if isinstance(obj, HostValue):
+        return _HostIndex(obj.index)
+    if isinstance(obj, Value):
+        raise Unsupported("a CPU op reading a tpu value (it would wait for the device)")
+    if isinstance(obj, (list, tuple)):
+        return _same_kind(obj, [_host_refs(o) for o in obj])
+    if isinstance(obj, dict):
+        return {k: _host_refs(v) for k, v in obj.items()}
+    return obj
+
+
+class _HostIndex(int):
+    """An index into a call's host values (see `_host_refs`)."""
+
+
+def _host_args(obj, env):
+    if type(obj) is _HostIndex:
+        return env[obj]
+    if isinstance(obj, (list, tuple)):
+        return _same_kind(obj, [_host_args(o, env) for o in obj])
+    if isinstance(obj, dict):
+        return {k: _host_args(v, env) for k, v in obj.items()}
+    return obj
+
+
+def _assign(env, out, result) -> None:
+    if type(out) is _HostIndex:
+        env[out] = result
+    elif isinstance(out, (list, tuple)):
+        for o, r in zip(out, result):
+            _assign(env, o, r)
+
+
+_OPTIONS = {"dtype", "layout", "device", "pin_memory", "memory_format"}
+
+
+def lowered_out_variant(op):
+    """The lowered out= variant of an op that has no lowering itself (aten.arange.start_step -> start_out), or None.
+
+    PyTorch's CompositeExplicitAutograd kernel of such an op allocates its result and calls the
+    out= variant; the variant takes the same arguments, less the tensor options.
+    """
+    if not op._schema.returns or op._schema.name.split("::")[0] != "aten":
+        return None
+    packet = getattr(aten, op._schema.name.split("::")[1], None)
+    if packet is None:
+        return None
+    names = [a.name for a in op._schema.arguments if a.name not in _OPTIONS]
+    for overload in packet.overloads():
+        variant = getattr(packet, overload)
+        s = opspec.spec(variant)
+        if not s.is_out or registry.get(variant) is None:
+            continue
+        if [n for i, n in enumerate(s.names) if i not in s.writes] == names:
+            return variant
+    return None
+
+
+def lowered_inplace_variant(op):
+    """The lowered in-place op of a functional op that has no lowering (normal_functional -> normal_), or None."""
+    namespace, name = op._schema.name.split("::")
+    if namespace != "aten":
+        return None
+    base = name[: -len("_functional")] if name.endswith("_functional") else name
+    packet = getattr(aten, base + "_", None)
+    variant = getattr(packet, op._overloadname, None) if packet is not None else None
+    if variant is None or registry.get(variant) is None:
+        return None
+    if [a.name for a in variant._schema.arguments] != [a.name for a in op._schema.arguments]:
+        return None
+    return variant
+
+
+def _physical(value, m):
+    """A fresh output in its memory-order N-d shape (flattened after the launch: graph._flattener).
+
+    NOTE(xla-cpu): as in DeferAndFuse (defer._output_shapes), a program whose outputs are
+    flattening bitcasts of fusions reading broadcast operands gets slow scalar code.
+    """
+    if value.ndim < 2:
+        return value.reshape(-1)
+    if strided.is_contiguous(m.sizes, m.strides):
+        return value
+    return jnp.transpose(value, strided.dense_permutation(m.sizes, m.strides))
+
+
+def _rng_words(rng, k: int):
+    """The (seed lo, seed hi, offset lo, offset hi) of the k-th random op: the call's offset + k, as in eager."""
+    seed_lo, seed_hi, offset_lo, offset_hi = rng[0], rng[1], rng[2], rng[3]
+    lo = offset_lo + jnp.uint32(k)
+    hi = offset_hi + (lo < offset_lo).astype(jnp.uint32)
+    return [seed_lo, seed_hi, lo, hi]
+
+
+def _concrete(value):
+    if isinstance(value, torch.SymInt | torch.SymFloat | torch.SymBool):
+        raise Unsupported("a symbolic value left in a specialised graph")
+    if isinstance(value, (list, tuple)):
+        return _same_kind(value, [_concrete(v) for v in value])
+    return value
+
+
+def _same_kind(obj, items: list):
+    """`items` as a plain list or tuple, like `obj` (FX's immutable containers do not reach ops)."""
+    return items if isinstance(obj, list) else tuple(items)
+
+
+def _substitute(obj, env):
+    if isinstance(obj, torch.fx.Node):
+        return env[obj]
+    if isinstance(obj, (list, tuple)):
+        return _same_kind(obj, [_substitute(o, env) for o in obj])
+    if isinstance(obj, dict):
+        return {k: _substitute(v, env) for k, v in obj.items()}
+    return obj
+
+
+def _metas(obj):
+    if isinstance(obj, (Value, HostValue)):
+        return obj.meta
+    if isinstance(obj, (list, tuple)):
+        return _same_kind(obj, [_metas(o) for o in obj])
+    if isinstance(obj, dict):
+        return {k: _metas(v) for k, v in obj.items()}
+    return obj
+
+
+def _wrap(result, slot):
+    if isinstance(result, torch.Tensor):
+        return Value(slot, result)
+    if isinstance(result, (list, tuple)):
+        return _same_kind(result, [_wrap(r, slot) for r in result])
+    return result
+
+
+def _flat_outputs(obj) -> list:
+    if isinstance(obj, (list, tuple)):
+        out = []
+        for o in obj:
+            out.extend(_flat_outputs(o))
+        return out
+    return [obj]
