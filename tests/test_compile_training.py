@@ -135,6 +135,7 @@ def test_saved_parameter_views_are_views_and_track_versions():
         out.square().sum().backward()
 
 
+@pytest.mark.one_mode  # Dynamo's logging, not an execution mode (and a subprocess)
 def test_torch_logs_graph_breaks_and_recompiles_on_tpu(tmp_path):
     """TORCH_LOGS=recompiles,graph_breaks on a tpu model: both logs name our code, the tpu backend compiled it."""
     script = tmp_path / "logs.py"
