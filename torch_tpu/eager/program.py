@@ -149,7 +149,7 @@ def _build(key, spec: OpSpec, lowering: Lowering, scalars: list, via_functional:
                             lambda v, dtype: torch.empty((), dtype=dtype, device="meta"), lambda vs, ts: list(vs))
     if "device" in spec.index:  # factories: build on meta, not on tpu
         meta_args[spec.index["device"]] = torch.device("meta")
-    outputs, return_counts, resize, values = _meta_outputs(spec, meta_args, key_args)
+    outputs, return_counts, resize, values = _meta_outputs(spec, meta_args, key_args, lowering.meta)
 
     # The arguments the lowering sees: out= arguments are not the functional op's, and a variant may
     # order its arguments differently from its functional op (polygamma_(self, n) vs polygamma(n, self)).
@@ -315,10 +315,10 @@ def _is_meta_gap(err: Exception) -> bool:
         "meta" in text and ("not implemented" in text or "fake impl" in text))
 
 
-def _meta_outputs(spec: OpSpec, meta_args, key_args):
+def _meta_outputs(spec: OpSpec, meta_args, key_args, meta=None):
     """(OutputMeta per fresh result or None if meta is unsupported, list-return counts, out= resizes, non-tensor returns)."""
     try:
-        result = spec.call(meta_args)
+        result = spec.call(meta_args) if meta is None else meta(*meta_args)
     except Exception as err:
         if _is_meta_gap(err):
             return None, None, {}, ()

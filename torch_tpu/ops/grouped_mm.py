@@ -35,7 +35,18 @@ def _ragged_rows(a, b, offs):
     return precision._product(jax.lax.ragged_dot, a, b, sizes, accumulator=True)
 
 
-@lowers(aten._grouped_mm.default, precision=True)
+def _meta(a, b, offs=None, bias=None, out_dtype=None):
+    """PyTorch's meta kernel checks CUDA's bf16-only limit; tpu (like CPU) takes every float dtype."""
+    import torch
+
+    torch._check(a.dtype == b.dtype, lambda: f"Expected mat_a and mat_b of one dtype, got {a.dtype} and {b.dtype}")
+    torch._check(a.dtype.is_floating_point, lambda: f"torch._grouped_mm: expected float inputs, got {a.dtype}")
+    bf16 = torch.bfloat16
+    out = aten._grouped_mm.default(a.to(bf16), b.to(bf16), offs, None if bias is None else bias.to(bf16))
+    return out.to(out_dtype or a.dtype)
+
+
+@lowers(aten._grouped_mm.default, precision=True, meta=_meta)
 def grouped_mm(a, b, offs=None, bias=None, out_dtype=None):
     if a.ndim == 3 and b.ndim == 3:
         out = precision.matmul(a, b, accumulator=True)

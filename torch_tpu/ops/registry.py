@@ -55,6 +55,9 @@ class Lowering:
     # `float` arguments passed at run time instead of baked into the program: values that change
     # every step (BatchNorm(momentum=None) passes 1/num_batches_tracked), like a learning rate.
     runtime: tuple[str, ...] = ()
+    # Output metadata where PyTorch's meta kernel refuses inputs the lowering supports (it checks
+    # one backend's limits, e.g. _grouped_mm's CUDA-only bf16): called like the op, on meta tensors.
+    meta: Callable | None = None
 
 
 _TABLE: dict[torch._ops.OpOverload, Lowering] = {}
