@@ -404,3 +404,11 @@ def logit_backward(grad, x, eps=None):
     if eps is None:
         return jnp.where((x < 0) | (x > 1), jnp.nan, derivative)
     return jnp.where((x < eps) | (x > 1 - eps), jnp.zeros_like(derivative), derivative)
+
+
+# torch._decomp writes dtype casts (`_to_copy`, `.to(dtype)`) as this prim: torch.compile graphs reach it.
+@lowers(torch.ops.prims.convert_element_type.default)
+def convert_element_type(a, dtype):
+    from torch_tpu.runtime import dtypes
+
+    return a.astype(dtypes.to_jax(dtype))
