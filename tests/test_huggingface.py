@@ -139,3 +139,12 @@ def test_sampling_and_beam_search_on_tpu():
     assert torch.equal(first.cpu(), second.cpu())  # the tpu generator: same seed, same samples
     new = first[:, 6:].cpu()
     assert ((new >= 0) & (new < hf_zoo.VOCAB)).all()
+
+
+def test_device_map_auto_with_max_memory_places_on_tpu(saved):
+    # Accelerate 1.15's get_max_memory enumerates CUDA/XPU/NPU/... only, so "auto" alone sees just
+    # the CPU; giving device 0's budget (torch.device(0) is the accelerator, tpu:0) places it there.
+    path, model = saved
+    loaded = tf.AutoModelForCausalLM.from_pretrained(path, device_map="auto", max_memory={0: "1GiB", "cpu": "1GiB"})
+    assert {p.device for p in loaded.parameters()} == {torch.device("tpu", 0)}
+    _assert_state_equal(loaded.state_dict(), model.state_dict())
