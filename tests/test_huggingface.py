@@ -148,3 +148,35 @@ def test_device_map_auto_with_max_memory_places_on_tpu(saved):
     loaded = tf.AutoModelForCausalLM.from_pretrained(path, device_map="auto", max_memory={0: "1GiB", "cpu": "1GiB"})
     assert {p.device for p in loaded.parameters()} == {torch.device("tpu", 0)}
     _assert_state_equal(loaded.state_dict(), model.state_dict())
+
+
+def test_grouped_mm_float32_matches_cpu():
+    # Transformers' MoE experts on tpu call grouped_mm in the model's dtype; PyTorch's meta kernel
+    # allows bf16 only (CUDA's limit), the CPU kernel and ours take float32.
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(8, 16, generator=g), torch.randn(4, 16, 32, generator=g)
+    offs, grad = torch.tensor([2, 3, 6, 8], dtype=torch.int32), torch.randn(8, 32, generator=g)
+    ta, tb = (t.to("tpu").requires_grad_() for t in (a, b))
+    a.requires_grad_(), b.requires_grad_()
+    out, tout = torch.nn.functional.grouped_mm(a, b, offs=offs), torch.nn.functional.grouped_mm(ta, tb, offs=offs.to("tpu"))
+    assert tout.dtype == torch.float32
+    torch.testing.assert_close(tout.cpu(), out.detach(), atol=1e-5, rtol=1e-5)
+    (out * grad).sum().backward()
+    (tout * grad.to("tpu")).sum().backward()
+    torch.testing.assert_close(ta.grad.cpu(), a.grad, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(tb.grad.cpu(), b.grad, atol=1e-5, rtol=1e-5)
+    with pytest.raises(RuntimeError, match="same dtype"):  # PyTorch CPU's message
+        torch._grouped_mm(ta.detach().to(torch.bfloat16), tb.detach(), offs=offs.to("tpu"))
+
+
+def test_compiled_dtype_casts_are_one_program():
+    # _to_copy decomposes to prims.convert_element_type inside torch.compile graphs.
+    torch_tpu.compile.register()
+    torch._dynamo.reset()
+    torch_tpu.compile.stats.reset()
+    fn = torch.compile(lambda x: (x.to(torch.bfloat16) * 3).to(torch.float32) + x.to(torch.int32), backend="tpu")
+    x = torch.randn(5, 3) * 4
+    got = fn(x.to("tpu"))
+    assert torch_tpu.compile.stats.eager_graphs == 0 and torch_tpu.compile.stats.plans == 1
+    assert torch.equal(got.cpu(), (x.to(torch.bfloat16) * 3).to(torch.float32) + x.to(torch.int32))
+    torch._dynamo.reset()
