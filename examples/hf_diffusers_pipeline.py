@@ -16,6 +16,7 @@ def main():
                        block_out_channels=(16, 32), down_block_types=("DownBlock2D", "AttnDownBlock2D"),
                        up_block_types=("AttnUpBlock2D", "UpBlock2D"), norm_num_groups=8, attention_head_dim=8)
     pipe = DDPMPipeline(unet=unet, scheduler=DDIMScheduler(num_train_timesteps=100)).to("tpu")
+    pipe.set_progress_bar_config(disable=True)
     images = pipe(batch_size=2, num_inference_steps=10, generator=torch.Generator().manual_seed(0),
                   output_type="np").images
     print(f"pipeline on {pipe.device}: images {images.shape}, mean {images.mean():.3f}")
