@@ -21,7 +21,7 @@ class _Counters:
         "decompositions", "materializations", "synchronous_waits",
         # DeferAndFuse: ops recorded, graphs run (one per materialization point with pending work),
         # fused programs run (a graph cut by the repeats heuristic runs several), graph plans reused / new.
-        "ops_deferred", "flushes", "fused_executions", "fused_cache_hits", "fused_cache_misses",
+        "_ops_deferred", "ops_recorded_python", "flushes", "fused_executions", "fused_cache_hits", "fused_cache_misses",
         # DeferAndFuse: buffers fused programs returned (live values only), inputs donated to them.
         "fused_outputs", "fused_donations",
         # Pallas kernels traced in interpret mode (platforms with no Pallas compiler, docs/kernels.md).
@@ -32,6 +32,7 @@ class _Counters:
         for name in self.__slots__:
             setattr(self, name, 0)
         _native.reset_fast_op_count()
+        _native.reset_native_record_count()
 
     # Ops launched by the native cache-hit path are counted natively; both
     # counters add them (every such op is an executed op and a cache hit).
@@ -45,11 +46,21 @@ class _Counters:
 
     @property
     def cache_hits(self) -> int:
-        return self._cache_hits + _native.fast_op_count()
+        return self._cache_hits + _native.fast_op_count() + _native.native_record_count()
 
     @cache_hits.setter
     def cache_hits(self, value: int) -> None:
-        self._cache_hits = value - _native.fast_op_count()
+        self._cache_hits = value - _native.fast_op_count() - _native.native_record_count()
+
+    # DeferAndFuse: ops the native recorder appended are counted natively (each is a program cache hit);
+    # `ops_recorded_python` counts those the Python recorder took.
+    @property
+    def ops_deferred(self) -> int:
+        return self._ops_deferred + _native.native_record_count()
+
+    @ops_deferred.setter
+    def ops_deferred(self, value: int) -> None:
+        self._ops_deferred = value - _native.native_record_count()
 
     def names(self) -> list[str]:
         return [name.lstrip("_") for name in self.__slots__]

@@ -27,6 +27,8 @@
 #include <torch/csrc/utils/tensor_memoryformats.h>
 #include <torch/library.h>
 
+#include <structmember.h>
+
 #include <atomic>
 #include <cstring>
 #include <memory>
@@ -1038,6 +1040,143 @@ KeyBuilder& key_builder() {
   return b;
 }
 
+
+// ---------------------------------------------------------------- DeferAndFuse recording
+// A recorded op whose program exists is appended to eager/defer.py's current graph from here,
+// exactly as defer.record would append it (the same Node, Pending and buffer entries, the same
+// bytes of the graph's structural fingerprint), so flushing and planning stay in Python. Anything
+// unusual (a new signature, the size cap, a lost value, the lock held by another thread) takes
+// the Python recorder.
+std::atomic<bool> g_defer_enabled{false};
+std::atomic<int64_t> g_native_recorded{0};
+
+struct DeferHooks {
+  py::object module, lock, config, valuecheck, is_library, user_code, on_first;
+  PyTypeObject *node_type = nullptr, *pending_type = nullptr, *lost_type = nullptr;
+  Py_ssize_t node_prog = 0, node_refs = 0, node_scalars = 0, node_device = 0, node_where = 0, pending_ref = 0;
+  py::object s_graph, s_nodes, s_descs, s_ext, s_ext_ids, s_acquire, s_release, s_defer_and_fuse, s_max_ops,
+      s_any_lost;
+};
+DeferHooks* g_defer = nullptr;  // never destroyed (its Python objects outlive no interpreter)
+
+// The byte offset of a __slots__ member of a Python class: its instances are filled without Python code.
+Py_ssize_t slot_offset(PyTypeObject* type, const char* name) {
+  PyObject* d = PyDict_GetItemString(type->tp_dict, name);  // borrowed
+  TORCH_CHECK(d != nullptr && Py_TYPE(d) == &PyMemberDescr_Type, "expected a __slots__ member ", name);
+  PyMemberDef* member = reinterpret_cast<PyMemberDescrObject*>(d)->d_member;
+  TORCH_CHECK(member->type == T_OBJECT_EX, "unexpected member type of ", name);
+  return member->offset;
+}
+
+inline void put_slot(PyObject* obj, Py_ssize_t offset, PyObject* value /* stolen */) {
+  PyObject** p = reinterpret_cast<PyObject**>(reinterpret_cast<char*>(obj) + offset);
+  Py_XSETREF(*p, value);
+}
+
+inline PyObject* get_slot(PyObject* obj, Py_ssize_t offset) {  // borrowed, may be null
+  return *reinterpret_cast<PyObject**>(reinterpret_cast<char*>(obj) + offset);
+}
+
+void set_defer_hooks(py::object module, py::object lock, py::object config, py::object valuecheck,
+                     py::dict is_library, py::object user_code, py::object on_first, py::object node,
+                     py::object pending, py::object lost) {
+  auto* d = new DeferHooks();
+  d->module = module;
+  d->lock = lock;
+  d->config = config;
+  d->valuecheck = valuecheck;
+  d->is_library = is_library;
+  d->user_code = user_code;
+  d->on_first = on_first;
+  d->node_type = reinterpret_cast<PyTypeObject*>(node.release().ptr());
+  d->pending_type = reinterpret_cast<PyTypeObject*>(pending.release().ptr());
+  d->lost_type = reinterpret_cast<PyTypeObject*>(lost.release().ptr());
+  d->node_prog = slot_offset(d->node_type, "prog");
+  d->node_refs = slot_offset(d->node_type, "refs");
+  d->node_scalars = slot_offset(d->node_type, "scalars");
+  d->node_device = slot_offset(d->node_type, "device");
+  d->node_where = slot_offset(d->node_type, "where");
+  d->pending_ref = slot_offset(d->pending_type, "ref");
+  auto intern = [](const char* name) { return py::reinterpret_steal<py::object>(PyUnicode_InternFromString(name)); };
+  d->s_graph = intern("_graph");
+  d->s_nodes = intern("nodes");
+  d->s_descs = intern("descs");
+  d->s_ext = intern("ext");
+  d->s_ext_ids = intern("ext_ids");
+  d->s_acquire = intern("acquire");
+  d->s_release = intern("release");
+  d->s_defer_and_fuse = intern("defer_and_fuse");
+  d->s_max_ops = intern("defer_max_ops");
+  d->s_any_lost = intern("any_lost");
+  delete g_defer;
+  g_defer = d;
+}
+
+py::object attr(const py::object& obj, const py::object& name) {
+  PyObject* v = PyObject_GetAttr(obj.ptr(), name.ptr());
+  if (v == nullptr) throw python_error();
+  return py::reinterpret_steal<py::object>(v);
+}
+
+// Holds defer.lock (an RLock) for one native recording, if no other thread holds it.
+struct DeferLock {
+  bool held = false;
+  DeferLock() {
+    PyObject* got = PyObject_CallMethodOneArg(g_defer->lock.ptr(), g_defer->s_acquire.ptr(), Py_False);
+    if (got == nullptr) throw python_error();
+    held = got == Py_True;
+    Py_DECREF(got);
+  }
+  ~DeferLock() {
+    if (!held) return;
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);  // released while an error propagates, too
+    PyObject* r = PyObject_CallMethodNoArgs(g_defer->lock.ptr(), g_defer->s_release.ptr());
+    if (r == nullptr) PyErr_Clear(); else Py_DECREF(r);
+    PyErr_Restore(type, value, tb);
+  }
+};
+
+// defer._user_frame without Python: (code, line) of the innermost frame outside torch, torch_tpu
+// and the standard library, from recompiles' per-code classification; a code not classified yet
+// is left to recompiles.user_code.
+py::object user_where() {
+  PyFrameObject* f = PyEval_GetFrame();  // borrowed
+  Py_XINCREF(f);
+  while (f != nullptr) {
+    PyCodeObject* code = PyFrame_GetCode(f);
+    PyObject* library = PyDict_GetItem(g_defer->is_library.ptr(), reinterpret_cast<PyObject*>(code));  // borrowed
+    if (library == nullptr) {
+      Py_DECREF(code);
+      py::object frame = py::reinterpret_steal<py::object>(reinterpret_cast<PyObject*>(f));
+      return g_defer->user_code(frame);
+    }
+    if (library == Py_False) {
+      int line = PyFrame_GetLineNumber(f);
+      Py_DECREF(f);
+      PyObject* where = Py_BuildValue("(Ni)", reinterpret_cast<PyObject*>(code), line);
+      if (where == nullptr) throw python_error();
+      return py::reinterpret_steal<py::object>(where);
+    }
+    Py_DECREF(code);
+    PyFrameObject* back = PyFrame_GetBack(f);
+    Py_DECREF(f);
+    f = back;
+  }
+  return py::none();
+}
+
+// What recording one signature needs, from `OpProgram.record_plan()`; `prog` is None when the
+// program must always be recorded by Python (out= resizes, non-tensor returns).
+struct DeferEntry {
+  py::object prog;
+  std::vector<size_t> input_slots, updated_slots;
+  std::vector<py::object> slot_dtypes;
+  std::vector<OutputLayout> outputs;
+  size_t n_fresh = 0;
+  std::vector<std::array<int64_t, 3>> returns;
+};
+
 struct BoxedKernel final : c10::OperatorKernel {
   py::object holder;  // the OpKernel (Python object): keeps it alive
   OpKernel* k;
@@ -1048,6 +1187,9 @@ struct BoxedKernel final : c10::OperatorKernel {
   std::unordered_map<std::string, std::shared_ptr<FastEntry>>& entries =
       *new std::unordered_map<std::string, std::shared_ptr<FastEntry>>();
   uint64_t generation = 0;
+  std::unordered_map<std::string, std::shared_ptr<DeferEntry>>& defer_entries =
+      *new std::unordered_map<std::string, std::shared_ptr<DeferEntry>>();
+  uint64_t defer_generation = 0;
 
   ~BoxedKernel() override { holder.release(); }
 
@@ -1062,7 +1204,194 @@ struct BoxedKernel final : c10::OperatorKernel {
     size_t n = converts.size();
     std::vector<c10::IValue> args = torch::jit::pop(*stack, n);
     if (k->use_fast && g_fast_enabled.load(std::memory_order_relaxed) && fast(args, stack)) return;
+    if (k->use_fast && g_defer != nullptr && g_defer_enabled.load(std::memory_order_relaxed) && record(args, stack))
+      return;
     slow(args, stack);
+  }
+
+  // DeferAndFuse: append this call to the current graph; false (nothing done) when Python must.
+  bool record(const std::vector<c10::IValue>& args, torch::jit::Stack* stack) {
+    DeferHooks& d = *g_defer;
+    py::dict buffers = py::reinterpret_borrow<py::dict>(k->buffers);
+    drain_into(buffers);
+    KeyBuilder& b = key_builder();
+    std::vector<py::object> slot_keys, slot_arrays;
+    if (!build_key(args, buffers, slot_keys, slot_arrays)) return false;
+    DeferLock lock;
+    if (!lock.held) return false;  // another thread records or flushes: wait for it in Python
+    if (!PyObject_IsTrue(attr(d.config, d.s_defer_and_fuse).ptr())) return false;  // the mode changed
+    if (PyObject_IsTrue(attr(d.valuecheck, d.s_any_lost).ptr())) return false;  // Python raises for lost values
+
+    uint64_t now = g_generation.load(std::memory_order_relaxed);
+    if (defer_generation != now) {
+      defer_entries.clear();
+      defer_generation = now;
+    }
+    std::shared_ptr<DeferEntry> entry;
+    auto it = defer_entries.find(b.key);
+    if (it != defer_entries.end()) {
+      entry = it->second;
+    } else {
+      entry = defer_entry(args, buffers);
+      if (!entry) return false;
+      defer_entries.emplace(b.key, entry);
+    }
+    if (entry->prog.is_none()) return false;
+    const DeferEntry& e = *entry;
+
+    py::object graph = attr(d.module, d.s_graph);
+    py::object nodes = attr(graph, d.s_nodes), descs = attr(graph, d.s_descs);
+    Py_ssize_t index = PyList_GET_SIZE(nodes.ptr());
+    int64_t max_ops = attr(d.config, d.s_max_ops).cast<int64_t>();
+    if (index + 1 >= max_ops) return false;  // Python flushes at the size cap
+
+    // Inputs: pending refs, or concrete arrays (looked up only after every check passed).
+    size_t n_in = e.input_slots.size();
+    std::vector<int64_t> refs(n_in);
+    for (size_t i = 0; i < n_in; ++i) {
+      PyObject* value = slot_arrays[e.input_slots[i]].ptr();
+      if (value == nullptr || Py_TYPE(value) == d.lost_type) return false;
+      if (Py_TYPE(value) == d.pending_type) refs[i] = PyLong_AsLongLong(get_slot(value, d.pending_ref));
+    }
+    py::object where = user_where();
+    // Fresh outputs first: an allocation failure (out of memory) leaves the graph as it was.
+    const int device = b.device;
+    std::vector<at::Tensor> outs;
+    outs.reserve(e.outputs.size());
+    {
+      c10::DeviceGuard guard(Device(kTpu, static_cast<DeviceIndex>(device)));
+      for (const OutputLayout& layout : e.outputs) {
+        if (!layout.defined) {
+          outs.emplace_back();
+          continue;
+        }
+        outs.push_back(at::detail::empty_strided_generic(layout.sizes, layout.strides, &g_allocator,
+                                                         c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                                         layout.type));
+      }
+    }
+    py::object ext, ext_ids;
+    for (size_t i = 0; i < n_in; ++i) {
+      PyObject* value = slot_arrays[e.input_slots[i]].ptr();
+      if (Py_TYPE(value) == d.pending_type) continue;
+      if (!ext) {
+        ext = attr(graph, d.s_ext);
+        ext_ids = attr(graph, d.s_ext_ids);
+      }
+      py::object id = py::reinterpret_steal<py::object>(PyLong_FromVoidPtr(value));
+      PyObject* j = PyDict_GetItem(ext_ids.ptr(), id.ptr());  // borrowed
+      int64_t position;
+      if (j == nullptr) {
+        position = PyList_GET_SIZE(ext.ptr());
+        py::int_ p(position);
+        if (PyDict_SetItem(ext_ids.ptr(), id.ptr(), p.ptr()) != 0 || PyList_Append(ext.ptr(), value) != 0)
+          throw python_error();
+      } else {
+        position = PyLong_AsLongLong(j);
+      }
+      refs[i] = -1 - position;
+    }
+    constexpr int64_t kOut = 1 << 20;  // defer._OUT
+    const int64_t base = index * kOut;
+    auto pending = [&](int64_t ref) {
+      PyObject* p = d.pending_type->tp_alloc(d.pending_type, 0);
+      if (p == nullptr) throw python_error();
+      put_slot(p, d.pending_ref, PyLong_FromLongLong(ref));
+      return py::reinterpret_steal<py::object>(p);
+    };
+    for (size_t j = 0; j < e.updated_slots.size(); ++j) {
+      size_t slot = e.updated_slots[j];
+      buffers[slot_keys[slot]] = py::make_tuple(pending(base + static_cast<int64_t>(e.n_fresh + j)), e.slot_dtypes[slot]);
+    }
+    py::tuple ref_tuple(n_in);
+    for (size_t i = 0; i < n_in; ++i) ref_tuple[i] = py::int_(refs[i]);
+    py::list scalars(b.scalars.size());
+    for (size_t i = 0; i < b.scalars.size(); ++i) scalars[i] = b.scalars[i].to_python();
+    PyObject* node = d.node_type->tp_alloc(d.node_type, 0);
+    if (node == nullptr) throw python_error();
+    py::object node_obj = py::reinterpret_steal<py::object>(node);
+    put_slot(node, d.node_prog, e.prog.inc_ref().ptr());
+    put_slot(node, d.node_refs, ref_tuple.release().ptr());
+    put_slot(node, d.node_scalars, scalars.release().ptr());
+    put_slot(node, d.node_device, PyLong_FromLong(device));
+    put_slot(node, d.node_where, where.release().ptr());
+    if (PyList_Append(nodes.ptr(), node) != 0) throw python_error();
+    // The structural fingerprint's bytes (defer._desc): program id, number of inputs, their refs.
+    std::vector<int64_t> desc;
+    desc.reserve(n_in + 2);
+    desc.push_back(static_cast<int64_t>(reinterpret_cast<intptr_t>(e.prog.ptr())));
+    desc.push_back(static_cast<int64_t>(n_in));
+    desc.insert(desc.end(), refs.begin(), refs.end());
+    Py_ssize_t old_size = PyByteArray_GET_SIZE(descs.ptr());
+    Py_ssize_t add = static_cast<Py_ssize_t>(desc.size() * sizeof(int64_t));
+    if (PyByteArray_Resize(descs.ptr(), old_size + add) != 0) throw python_error();
+    std::memcpy(PyByteArray_AS_STRING(descs.ptr()) + old_size, desc.data(), add);
+    size_t next = 0;
+    for (size_t i = 0; i < outs.size(); ++i) {
+      if (!outs[i].defined()) continue;
+      buffers[py::int_(reinterpret_cast<uint64_t>(outs[i].storage().data()))] =
+          py::make_tuple(pending(base + static_cast<int64_t>(next++)), e.outputs[i].dtype);
+    }
+    g_native_recorded += 1;
+    if (index == 0) d.on_first();
+    push_returns(e.returns, args, outs, stack);
+    return true;
+  }
+
+  std::shared_ptr<DeferEntry> defer_entry(const std::vector<c10::IValue>& args, py::dict& buffers) {
+    Signature sig;
+    if (!build_signature(k->op, k->kinds, python_args(args), buffers, k->static_scalars, sig)) return nullptr;
+    py::object key = sig.key;
+    if (k->precision) {
+      py::tuple extra = py::make_tuple(k->precision_key());
+      key = py::reinterpret_steal<py::object>(PySequence_Concat(sig.key.ptr(), extra.ptr()));
+    }
+    PyObject* prog = PyDict_GetItem(k->programs.ptr(), key.ptr());  // borrowed
+    if (prog == nullptr) return nullptr;  // a miss: Python builds the program
+    auto entry = std::make_shared<DeferEntry>();
+    py::object plan = py::reinterpret_borrow<py::object>(prog).attr("record_plan")();
+    if (plan.is_none()) {
+      entry->prog = py::none();
+      return entry;
+    }
+    py::tuple f = plan.cast<py::tuple>();
+    entry->prog = py::reinterpret_borrow<py::object>(prog);
+    for (auto slot : f[0].cast<py::tuple>()) entry->input_slots.push_back(slot.cast<size_t>());
+    for (auto slot : f[1].cast<py::tuple>()) entry->updated_slots.push_back(slot.cast<size_t>());
+    for (auto dtype : f[2]) entry->slot_dtypes.push_back(py::reinterpret_borrow<py::object>(dtype));
+    for (auto layout : f[3]) {
+      OutputLayout out;
+      if (!layout.is_none()) {
+        py::tuple l = layout.cast<py::tuple>();
+        out.defined = true;
+        out.sizes = l[0].cast<std::vector<int64_t>>();
+        out.strides = l[1].cast<std::vector<int64_t>>();
+        out.dtype = l[2];
+        out.type = reinterpret_cast<THPDtype*>(out.dtype.ptr())->scalar_type;
+        entry->n_fresh += 1;
+      }
+      entry->outputs.push_back(std::move(out));
+    }
+    for (auto item : f[4]) {
+      py::tuple r = item.cast<py::tuple>();
+      entry->returns.push_back({r[0].cast<int64_t>(), r[1].cast<int64_t>(), r[2].cast<int64_t>()});
+    }
+    return entry;
+  }
+
+  static void push_returns(const std::vector<std::array<int64_t, 3>>& returns, const std::vector<c10::IValue>& args,
+                           const std::vector<at::Tensor>& outs, torch::jit::Stack* stack) {
+    for (const auto& r : returns) {
+      if (r[0] == 0) {
+        torch::jit::push(stack, args[r[1]]);
+      } else if (r[0] == 1) {
+        torch::jit::push(stack, outs[r[1]]);
+      } else {
+        c10::List<at::Tensor> list;
+        for (int64_t j = 0; j < r[2]; ++j) list.push_back(outs[r[1] + j]);
+        torch::jit::push(stack, std::move(list));
+      }
+    }
   }
 
   // The Python path: arguments as Python objects, results back onto the stack.
@@ -1095,35 +1424,8 @@ struct BoxedKernel final : c10::OperatorKernel {
     py::dict buffers = py::reinterpret_borrow<py::dict>(k->buffers);
     drain_into(buffers);
     KeyBuilder& b = key_builder();
-    b.key.clear();
-    b.addresses.clear();
-    b.nbytes.clear();
-    b.scalars.clear();
-    b.device = -1;
-    size_t n = args.size();
-    for (size_t i = 0; i < n; ++i) {
-      int kind = PyLong_AsLong(PyTuple_GET_ITEM(k->kinds.ptr(), i));
-      if (!b.argument(kind, args[i], k->static_scalars)) return false;
-    }
-    if (b.device < 0) return false;
-    b.put(b.device);
-    // The slots: their current buffers (an entry is (array, dtype)); the buffer dtype is in the key.
-    size_t n_slots = b.addresses.size();
-    std::vector<py::object> slot_keys(n_slots), slot_arrays(n_slots);
-    for (size_t j = 0; j < n_slots; ++j) {
-      slot_keys[j] = py::int_(b.addresses[j]);
-      PyObject* found = PyDict_GetItem(buffers.ptr(), slot_keys[j].ptr());  // borrowed
-      if (found == nullptr) {
-        b.tag('x');
-      } else {
-        PyObject* dtype = PyTuple_GET_ITEM(found, 1);
-        if (!THPDtype_Check(dtype)) return false;
-        b.tag(static_cast<char>(reinterpret_cast<THPDtype*>(dtype)->scalar_type));
-        slot_arrays[j] = py::reinterpret_borrow<py::object>(PyTuple_GET_ITEM(found, 0));
-      }
-      b.put(b.nbytes[j]);
-    }
-    if (k->precision) b.key.append(py::str(k->precision_key()).cast<std::string>());
+    std::vector<py::object> slot_keys, slot_arrays;
+    if (!build_key(args, buffers, slot_keys, slot_arrays)) return false;
 
     uint64_t now = g_generation.load(std::memory_order_relaxed);
     if (generation != now) {
@@ -1140,6 +1442,44 @@ struct BoxedKernel final : c10::OperatorKernel {
       entries.emplace(b.key, entry);
     }
     return run(*entry, b, args, buffers, slot_keys, slot_arrays, stack);
+  }
+
+  // The byte key of this call in key_builder(), with each slot's address key and current buffer
+  // (unset for a slot never written); false when the call needs the Python path.
+  bool build_key(const std::vector<c10::IValue>& args, py::dict& buffers, std::vector<py::object>& slot_keys,
+                 std::vector<py::object>& slot_arrays) {
+    KeyBuilder& b = key_builder();
+    b.key.clear();
+    b.addresses.clear();
+    b.nbytes.clear();
+    b.scalars.clear();
+    b.device = -1;
+    size_t n = args.size();
+    for (size_t i = 0; i < n; ++i) {
+      int kind = PyLong_AsLong(PyTuple_GET_ITEM(k->kinds.ptr(), i));
+      if (!b.argument(kind, args[i], k->static_scalars)) return false;
+    }
+    if (b.device < 0) return false;
+    b.put(b.device);
+    // The slots: their current buffers (an entry is (array, dtype)); the buffer dtype is in the key.
+    size_t n_slots = b.addresses.size();
+    slot_keys.assign(n_slots, py::object());
+    slot_arrays.assign(n_slots, py::object());
+    for (size_t j = 0; j < n_slots; ++j) {
+      slot_keys[j] = py::int_(b.addresses[j]);
+      PyObject* found = PyDict_GetItem(buffers.ptr(), slot_keys[j].ptr());  // borrowed
+      if (found == nullptr) {
+        b.tag('x');
+      } else {
+        PyObject* dtype = PyTuple_GET_ITEM(found, 1);
+        if (!THPDtype_Check(dtype)) return false;
+        b.tag(static_cast<char>(reinterpret_cast<THPDtype*>(dtype)->scalar_type));
+        slot_arrays[j] = py::reinterpret_borrow<py::object>(PyTuple_GET_ITEM(found, 0));
+      }
+      b.put(b.nbytes[j]);
+    }
+    if (k->precision) b.key.append(py::str(k->precision_key()).cast<std::string>());
+    return true;
   }
 
   // The entry for this call from the Python program cache: the executor's own tuple key.
@@ -1244,17 +1584,7 @@ struct BoxedKernel final : c10::OperatorKernel {
       }
     }
     g_fast_ops += 1;
-    for (const auto& r : e.returns) {
-      if (r[0] == 0) {
-        torch::jit::push(stack, args[r[1]]);
-      } else if (r[0] == 1) {
-        torch::jit::push(stack, outs[r[1]]);
-      } else {
-        c10::List<at::Tensor> list;
-        for (int64_t j = 0; j < r[2]; ++j) list.push_back(outs[r[1] + j]);
-        torch::jit::push(stack, std::move(list));
-      }
-    }
+    push_returns(e.returns, args, outs, stack);
     return true;
   }
 
@@ -1379,6 +1709,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("__call__", &OpKernel::call);
   m.def("register_boxed", &register_boxed);
   m.def("invalidate_fast_entries", []() { g_generation += 1; });
+  m.def("set_defer_hooks", &set_defer_hooks);
+  m.def("set_defer_path", [](bool enabled) { g_defer_enabled.store(enabled); });
+  m.def("defer_path_enabled", []() { return g_defer_enabled.load(); });
+  m.def("native_record_count", []() { return g_native_recorded.load(); });
+  m.def("reset_native_record_count", []() { g_native_recorded.store(0); });
   m.def("fast_op_count", []() { return g_fast_ops.load(); });
   m.def("reset_fast_op_count", []() { g_fast_ops.store(0); });
   m.def("memory_stats", &memory_stats);

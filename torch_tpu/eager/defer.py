@@ -40,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import linecache
 import math
+import struct
 import sys
 import threading
 
@@ -107,7 +108,7 @@ class Graph:
 
     def __init__(self):
         self.nodes: list[Node] = []
-        self.descs: list[tuple] = []  # per node (program id, refs): the structural fingerprint
+        self.descs = bytearray()  # per node _desc(prog, refs): the structural fingerprint, built as recorded
         self.ext: list = []  # concrete input arrays, first use first
         self.ext_ids: dict[int, int] = {}  # id(array) -> index in ext
 
@@ -168,14 +169,21 @@ def record(spec, lowering, via_functional: bool, full: list):
             _buffers[addresses[slot]] = (Pending(base + n_fresh + j), slot_dtypes[slot])
         refs = tuple(refs)
         graph.nodes.append(Node(prog, refs, scalars, device, _user_frame()))
-        graph.descs.append((id(prog), refs))
+        graph.descs += _desc(prog, refs)
         outs = _new_outputs(prog.layouts, [Pending(base + k) for k in range(n_fresh)], device, _buffers)
         _counts.ops_deferred += 1
+        _counts.ops_recorded_python += 1
         if index == 0:
             storage.set_flush(flush)
         if index + 1 >= config.defer_max_ops:
             flush("size cap")
     return executor._returns(spec, prog, full, outs)
+
+
+def _desc(prog, refs: tuple) -> bytes:
+    """A node's bytes in the graph fingerprint: program id, number of inputs, their refs (native.cpp appends
+    the same bytes when it records)."""
+    return struct.pack(f"{len(refs) + 2}q", id(prog), len(refs), *refs)
 
 
 _fresh_counts: dict = {}
@@ -264,7 +272,7 @@ def _run(graph, reason: str) -> None:
     # Donate inputs nobody else holds: the list and getrefcount's argument are the only references.
     donate = tuple(j for j in range(len(ext)) if sys.getrefcount(ext[j]) <= 2)
     options = (config.defer_repeats, config.defer_min_period, config.defer_max_period)  # they shape the plan
-    fingerprint = (tuple(graph.descs), outputs, donate, options)
+    fingerprint = (bytes(graph.descs), outputs, donate, options)
     plan = _plans.get(fingerprint)
     if plan is None:
         _counts.fused_cache_misses += 1
@@ -748,3 +756,12 @@ def _make_plan(graph, outputs: tuple, donate: frozenset) -> Plan:
         segment.checked = tuple(s for s, (prog, _, _) in enumerate(steps) if prog.checks)
         segments.append(segment)
     return Plan(segments)
+
+
+def _first_node() -> None:
+    storage.set_flush(flush)
+
+
+# The native recorder (csrc/native.cpp) appends seen signatures to `_graph` exactly as `record` does.
+_native.set_defer_hooks(sys.modules[__name__], lock, config, valuecheck, recompiles._is_library, recompiles.user_code,
+                        _first_node, Node, Pending, Lost)

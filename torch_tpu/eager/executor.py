@@ -194,8 +194,10 @@ def kernel(spec: OpSpec, lowering: Lowering, via_functional: bool):
 
 
 def update_fast_path() -> None:
-    """Native cache-hit paths run unless a mode needs every op in Python (Debug, DeferAndFuse, XLA options)."""
+    """Native cache-hit paths run unless a mode needs every op in Python (Debug, DeferAndFuse, XLA options);
+    in DeferAndFuse the native recorder (csrc/native.cpp) records seen signatures."""
     _native.set_fast_path(not (config.launch_blocking or config.defer_and_fuse or xla_options.active))
+    _native.set_defer_path(config.defer_and_fuse and not config.launch_blocking and not xla_options.active)
 
 
 def execute(spec: OpSpec, lowering: Lowering, via_functional: bool, *args, **kwargs):
@@ -319,3 +321,5 @@ def _resize_out(t: torch.Tensor, sizes) -> None:
 
 from torch_tpu.eager import defer as _defer  # noqa: E402  (a cycle: defer uses this module's functions)
 from torch_tpu.eager import valuecheck as _valuecheck  # noqa: E402
+
+update_fast_path()

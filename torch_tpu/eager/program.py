@@ -101,6 +101,17 @@ class OpProgram:
         """Hand the native cache-hit path everything it needs (not for out= resizes or non-tensor returns)."""
         if self.resize or self.executable is None or self.values or self.checks:
             return
+        self.fast = (self.input_slots, self.updated_slots, self.slot_dtypes, self.layouts, self._return_plan(),
+                     self.executable)
+
+    def record_plan(self):
+        """What the native DeferAndFuse recorder needs (csrc/native.cpp), or None: Python records this program."""
+        if self.resize or self.values:
+            return None
+        return self.input_slots, self.updated_slots, self.slot_dtypes, self.layouts, self._return_plan()
+
+    def _return_plan(self) -> tuple:
+        """Per return: (0, argument index, 0), (1, output index, 0) or (2, first output, count) for a list."""
         plan, position, counts = [], 0, iter(self.return_counts or ())
         for kind, info in self.spec.returns:
             if kind == "arg":
@@ -112,8 +123,7 @@ class OpProgram:
             else:
                 plan.append((1, position, 0))
                 position += 1
-        self.fast = (self.input_slots, self.updated_slots, self.slot_dtypes, self.layouts, tuple(plan),
-                     self.executable)
+        return tuple(plan)
 
 
     def adopt_direct_call(self) -> None:
