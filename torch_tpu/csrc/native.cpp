@@ -988,7 +988,9 @@ struct KeyBuilder : SlotTable {
   }
 
   bool argument(int kind, const c10::IValue& v, bool static_scalars) {
-    if (v.isNone()) {
+    // An undefined tensor is None to Python (autograd passes saved optional tensors, e.g.
+    // nll_loss_backward's weight, as undefined tensors rather than None).
+    if (v.isNone() || (v.isTensor() && !v.toTensor().defined())) {
       tag('n');
       return true;
     }
@@ -1007,7 +1009,7 @@ struct KeyBuilder : SlotTable {
         tag('l');
         put(static_cast<int64_t>(items.size()));
         for (const c10::IValue& item : items) {
-          if (item.isNone()) {
+          if (item.isNone() || (item.isTensor() && !item.toTensor().defined())) {
             tag('n');
           } else if (!item.isTensor() || !tensor(item.toTensor())) {
             return false;
@@ -1049,6 +1051,17 @@ KeyBuilder& key_builder() {
 // the Python recorder.
 std::atomic<bool> g_defer_enabled{false};
 std::atomic<int64_t> g_native_recorded{0};
+// Why calls went to the Python recorder (diagnostics: `_native.defer_fallbacks()`).
+enum DeferFallback { kArguments = 0, kLocked, kModeChanged, kLostValues, kNewSignature, kPythonProgram, kSizeCap,
+                     kUnreadyInput, kFallbackKinds };
+const char* const kFallbackNames[] = {"arguments", "locked", "mode changed", "lost values", "new signature",
+                                      "python program", "size cap", "unready input"};
+std::atomic<int64_t> g_defer_fallbacks[kFallbackKinds] = {};
+std::string g_last_unkeyed;  // the last call the byte key could not describe (under the GIL)
+inline bool fallback(DeferFallback why) {
+  g_defer_fallbacks[why] += 1;
+  return false;
+}
 
 struct DeferHooks {
   py::object module, lock, config, valuecheck, is_library, user_code, on_first;
@@ -1216,11 +1229,11 @@ struct BoxedKernel final : c10::OperatorKernel {
     drain_into(buffers);
     KeyBuilder& b = key_builder();
     std::vector<py::object> slot_keys, slot_arrays;
-    if (!build_key(args, buffers, slot_keys, slot_arrays)) return false;
+    if (!build_key(args, buffers, slot_keys, slot_arrays)) return fallback(kArguments);
     DeferLock lock;
-    if (!lock.held) return false;  // another thread records or flushes: wait for it in Python
-    if (!PyObject_IsTrue(attr(d.config, d.s_defer_and_fuse).ptr())) return false;  // the mode changed
-    if (PyObject_IsTrue(attr(d.valuecheck, d.s_any_lost).ptr())) return false;  // Python raises for lost values
+    if (!lock.held) return fallback(kLocked);  // another thread records or flushes: wait for it in Python
+    if (!PyObject_IsTrue(attr(d.config, d.s_defer_and_fuse).ptr())) return fallback(kModeChanged);
+    if (PyObject_IsTrue(attr(d.valuecheck, d.s_any_lost).ptr())) return fallback(kLostValues);  // Python raises
 
     uint64_t now = g_generation.load(std::memory_order_relaxed);
     if (defer_generation != now) {
@@ -1233,24 +1246,24 @@ struct BoxedKernel final : c10::OperatorKernel {
       entry = it->second;
     } else {
       entry = defer_entry(args, buffers);
-      if (!entry) return false;
+      if (!entry) return fallback(kNewSignature);
       defer_entries.emplace(b.key, entry);
     }
-    if (entry->prog.is_none()) return false;
+    if (entry->prog.is_none()) return fallback(kPythonProgram);
     const DeferEntry& e = *entry;
 
     py::object graph = attr(d.module, d.s_graph);
     py::object nodes = attr(graph, d.s_nodes), descs = attr(graph, d.s_descs);
     Py_ssize_t index = PyList_GET_SIZE(nodes.ptr());
     int64_t max_ops = attr(d.config, d.s_max_ops).cast<int64_t>();
-    if (index + 1 >= max_ops) return false;  // Python flushes at the size cap
+    if (index + 1 >= max_ops) return fallback(kSizeCap);  // Python flushes at the size cap
 
     // Inputs: pending refs, or concrete arrays (looked up only after every check passed).
     size_t n_in = e.input_slots.size();
     std::vector<int64_t> refs(n_in);
     for (size_t i = 0; i < n_in; ++i) {
       PyObject* value = slot_arrays[e.input_slots[i]].ptr();
-      if (value == nullptr || Py_TYPE(value) == d.lost_type) return false;
+      if (value == nullptr || Py_TYPE(value) == d.lost_type) return fallback(kUnreadyInput);
       if (Py_TYPE(value) == d.pending_type) refs[i] = PyLong_AsLongLong(get_slot(value, d.pending_ref));
     }
     py::object where = user_where();
@@ -1293,22 +1306,37 @@ struct BoxedKernel final : c10::OperatorKernel {
     }
     constexpr int64_t kOut = 1 << 20;  // defer._OUT
     const int64_t base = index * kOut;
+    // The objects made here cannot be part of a reference cycle (they hold numbers, dtypes, code
+    // objects, the program and each other, never a container that holds them), so they are kept
+    // out of the cyclic garbage collector: a graph of thousands of nodes lives until the flush,
+    // and tracked it made Python's full collections (which walk every tracked object) run often.
+    auto entry_tuple = [](py::object value, const py::object& dtype) {
+      py::tuple t = py::make_tuple(std::move(value), dtype);
+      PyObject_GC_UnTrack(t.ptr());
+      return t;
+    };
     auto pending = [&](int64_t ref) {
       PyObject* p = d.pending_type->tp_alloc(d.pending_type, 0);
       if (p == nullptr) throw python_error();
       put_slot(p, d.pending_ref, PyLong_FromLongLong(ref));
+      PyObject_GC_UnTrack(p);
       return py::reinterpret_steal<py::object>(p);
     };
     for (size_t j = 0; j < e.updated_slots.size(); ++j) {
       size_t slot = e.updated_slots[j];
-      buffers[slot_keys[slot]] = py::make_tuple(pending(base + static_cast<int64_t>(e.n_fresh + j)), e.slot_dtypes[slot]);
+      buffers[slot_keys[slot]] =
+          entry_tuple(pending(base + static_cast<int64_t>(e.n_fresh + j)), e.slot_dtypes[slot]);
     }
     py::tuple ref_tuple(n_in);
     for (size_t i = 0; i < n_in; ++i) ref_tuple[i] = py::int_(refs[i]);
+    PyObject_GC_UnTrack(ref_tuple.ptr());
     py::list scalars(b.scalars.size());
     for (size_t i = 0; i < b.scalars.size(); ++i) scalars[i] = b.scalars[i].to_python();
+    PyObject_GC_UnTrack(scalars.ptr());
+    if (!where.is_none()) PyObject_GC_UnTrack(where.ptr());
     PyObject* node = d.node_type->tp_alloc(d.node_type, 0);
     if (node == nullptr) throw python_error();
+    PyObject_GC_UnTrack(node);
     py::object node_obj = py::reinterpret_steal<py::object>(node);
     put_slot(node, d.node_prog, e.prog.inc_ref().ptr());
     put_slot(node, d.node_refs, ref_tuple.release().ptr());
@@ -1330,7 +1358,7 @@ struct BoxedKernel final : c10::OperatorKernel {
     for (size_t i = 0; i < outs.size(); ++i) {
       if (!outs[i].defined()) continue;
       buffers[py::int_(reinterpret_cast<uint64_t>(outs[i].storage().data()))] =
-          py::make_tuple(pending(base + static_cast<int64_t>(next++)), e.outputs[i].dtype);
+          entry_tuple(pending(base + static_cast<int64_t>(next++)), e.outputs[i].dtype);
     }
     g_native_recorded += 1;
     if (index == 0) d.on_first();
@@ -1457,7 +1485,11 @@ struct BoxedKernel final : c10::OperatorKernel {
     size_t n = args.size();
     for (size_t i = 0; i < n; ++i) {
       int kind = PyLong_AsLong(PyTuple_GET_ITEM(k->kinds.ptr(), i));
-      if (!b.argument(kind, args[i], k->static_scalars)) return false;
+      if (!b.argument(kind, args[i], k->static_scalars)) {
+        g_last_unkeyed = py::str(k->op).cast<std::string>() + " argument " + std::to_string(i) + " (" +
+                         args[i].tagKind() + ")";
+        return false;
+      }
     }
     if (b.device < 0) return false;
     b.put(b.device);
@@ -1713,7 +1745,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_defer_path", [](bool enabled) { g_defer_enabled.store(enabled); });
   m.def("defer_path_enabled", []() { return g_defer_enabled.load(); });
   m.def("native_record_count", []() { return g_native_recorded.load(); });
-  m.def("reset_native_record_count", []() { g_native_recorded.store(0); });
+  m.def("reset_native_record_count", []() {
+    g_native_recorded.store(0);
+    for (auto& n : g_defer_fallbacks) n.store(0);
+  });
+  m.def("last_unkeyed_call", []() { return g_last_unkeyed; });
+  m.def("defer_fallbacks", []() {
+    py::dict out;
+    for (int i = 0; i < kFallbackKinds; ++i) out[kFallbackNames[i]] = g_defer_fallbacks[i].load();
+    return out;
+  });
   m.def("fast_op_count", []() { return g_fast_ops.load(); });
   m.def("reset_fast_op_count", []() { g_fast_ops.store(0); });
   m.def("memory_stats", &memory_stats);
