@@ -1225,15 +1225,17 @@ struct BoxedKernel final : c10::OperatorKernel {
   // DeferAndFuse: append this call to the current graph; false (nothing done) when Python must.
   bool record(const std::vector<c10::IValue>& args, torch::jit::Stack* stack) {
     DeferHooks& d = *g_defer;
+    // The lock first: the buffers read for the key must not change before the node is appended
+    // (the key's precision level is read through Python, where another thread could run a flush).
+    DeferLock lock;
+    if (!lock.held) return fallback(kLocked);  // another thread records or flushes: wait for it in Python
+    if (!PyObject_IsTrue(attr(d.config, d.s_defer_and_fuse).ptr())) return fallback(kModeChanged);
+    if (PyObject_IsTrue(attr(d.valuecheck, d.s_any_lost).ptr())) return fallback(kLostValues);  // Python raises
     py::dict buffers = py::reinterpret_borrow<py::dict>(k->buffers);
     drain_into(buffers);
     KeyBuilder& b = key_builder();
     std::vector<py::object> slot_keys, slot_arrays;
     if (!build_key(args, buffers, slot_keys, slot_arrays)) return fallback(kArguments);
-    DeferLock lock;
-    if (!lock.held) return fallback(kLocked);  // another thread records or flushes: wait for it in Python
-    if (!PyObject_IsTrue(attr(d.config, d.s_defer_and_fuse).ptr())) return fallback(kModeChanged);
-    if (PyObject_IsTrue(attr(d.valuecheck, d.s_any_lost).ptr())) return fallback(kLostValues);  // Python raises
 
     uint64_t now = g_generation.load(std::memory_order_relaxed);
     if (defer_generation != now) {
