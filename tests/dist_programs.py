@@ -501,6 +501,75 @@ def spmd() -> None:
     checks.append("group usable after mismatch")
 
 
+def compiled() -> None:
+    """torch.compile(backend="tpu") graphs with functional collectives: one SPMD program, == gloo on CPU."""
+    rank, world = init()
+    import torch.distributed._functional_collectives as funcol
+
+    import torch_tpu.compile
+    from torch_tpu.compile import graph
+    from torch_tpu.distributed import compiled as spmd_graphs
+    from torch_tpu.distributed import process_group as pg
+
+    torch_tpu.compile.register()
+    gloo = dist.new_group(backend="gloo")
+    group = dist.group.WORLD
+
+    def step(x, w, b):
+        h = torch.tanh(x @ w)
+        s = funcol.wait_tensor(funcol.all_reduce(h, "sum", group))
+        g = funcol.wait_tensor(funcol.all_gather_tensor(h * 2 + b, 0, group))
+        r = funcol.wait_tensor(funcol.reduce_scatter_tensor(g, "avg", 0, group))
+        m = funcol.wait_tensor(funcol.all_reduce(h.amax(0), "max", group))
+        c = funcol.wait_tensor(funcol.broadcast(b * (rank + 1), 1, group))
+        return s.sum() + 1, r, m, c
+
+    fn = torch.compile(step, backend="tpu")
+    for call in range(3):  # compiled once, then the cached program
+        xs = [value(r, (4, 3), salt=20 + call) for r in range(world)]
+        w, b = value(0, (3, 5), salt=30), value(0, (4, 5), salt=31)
+        launched = pg.stats["collectives"]
+        got = fn(xs[rank].to(TPU), w.to(TPU), b.to(TPU))
+        got = [t.cpu() for t in got]
+        check(f"compiled graph ran no process-group collective (call {call})", pg.stats["collectives"], launched)
+        # reference: the same step on CPU tensors, collectives through torch's gloo
+        h = torch.tanh(xs[rank] @ w)
+        s = h.clone()
+        dist.all_reduce(s, group=gloo)
+        parts = [torch.empty_like(h) for _ in range(world)]
+        dist.all_gather(parts, h * 2 + b, group=gloo)
+        g = torch.cat(parts)
+        r = torch.empty_like(h)
+        dist.reduce_scatter(r, list(g.chunk(world)), group=gloo)
+        r = r / world
+        m = h.amax(0)
+        dist.all_reduce(m, op=dist.ReduceOp.MAX, group=gloo)
+        c = b * (rank + 1)
+        dist.broadcast(c, 1, group=gloo)
+        tol = dict(rtol=1e-5, atol=1e-5)
+        check("compiled all_reduce sum", got[0], s.sum() + 1, exact=False, **tol)
+        check("compiled all_gather + reduce_scatter avg", got[1], r, exact=False, **tol)
+        check("compiled all_reduce max", got[2], m, exact=False, **tol)
+        check("compiled broadcast", got[3], c)
+    check("compiled collectives: one graph program", (graph.stats.plans, graph.stats.eager_graphs,
+                                                      spmd_graphs.stats["graphs"], spmd_graphs.stats["calls"]), (1, 0, 1, 3))
+
+    # data-parallel SGD: the gradient all_reduce inside the compiled update == gloo on CPU
+    def update(p, grad, lr):
+        avg = funcol.wait_tensor(funcol.all_reduce(grad, "avg", group))
+        return p - lr * avg
+
+    upd = torch.compile(update, backend="tpu")
+    p_tpu, p_cpu = value(0, (6,), salt=40).to(TPU), value(0, (6,), salt=40)
+    for i in range(3):
+        grad = value(rank, (6,), salt=41 + i)
+        p_tpu = upd(p_tpu, grad.to(TPU), 0.5)
+        avg = grad.clone()
+        dist.all_reduce(avg, group=gloo)
+        p_cpu = p_cpu - 0.5 * (avg / world)
+    check("compiled data-parallel update", p_tpu, p_cpu, exact=False, rtol=1e-6, atol=1e-6)
+
+
 def main() -> None:
     name = sys.argv[1]
     if os.environ.get("TPU_DIST_TRACE"):

@@ -198,6 +198,7 @@ class GraphFunction:
 
     def _compile(self, key, arrays):
         try:
+            group = _collective_group(self.gm)
             plan = Plan(self.gm, key, key[2], nd_outputs=not self.dynamic)
         except Unsupported as why:
             self._go_eager(str(why))
@@ -216,9 +217,14 @@ class GraphFunction:
             signature = ("torch.compile", self.code_hash, key, self.options.xla_flags)
         n_outputs = sum(1 for out in plan.outputs if out[0] == "t")
         out_tree = jax.tree_util.tree_structure(([0] * n_outputs, [0] * len(plan.mutated)))
-        self.options.dump_program(self, fn, sharding, (donated, kept, rng, host), len(self.compiled))
-        executable = program_mod.compile_indexed(fn, sharding, (donated, kept, rng, host), signature, out_tree,
-                                                 donate_argnums=(0,), options=self.options.xla_flags)
+        if group is not None:  # functional collectives: one SPMD program over the group (distributed/compiled.py)
+            from torch_tpu.distributed.compiled import SpmdExecutable
+
+            executable = SpmdExecutable(fn, group)
+        else:
+            self.options.dump_program(self, fn, sharding, (donated, kept, rng, host), len(self.compiled))
+            executable = program_mod.compile_indexed(fn, sharding, (donated, kept, rng, host), signature, out_tree,
+                                                     donate_argnums=(0,), options=self.options.xla_flags)
         compiled = Compiled()
         compiled.plan = plan
         compiled.executable = executable
@@ -250,6 +256,18 @@ def _view_of(arg: torch.Tensor, out) -> torch.Tensor:
     if tuple(arg.shape) == sizes and tuple(arg.stride()) == strides and arg.storage_offset() == offset:
         return arg
     return arg.as_strided(sizes, strides, offset)
+
+
+def _collective_group(gm):
+    """The process group of a graph's functional collectives (None: none); Unsupported if not one tpu_dist group."""
+    if not any(getattr(n.target, "namespace", None) == "_c10d_functional" for n in gm.graph.nodes):
+        return None
+    from torch_tpu.distributed.compiled import graph_group
+
+    try:
+        return graph_group(gm)
+    except ValueError as why:
+        raise Unsupported(str(why)) from None
 
 
 def _host_vector(values, device: int):

@@ -354,7 +354,7 @@ class ProcessGroupTPU(dist.ProcessGroup):
         self._flush_p2p()
         self._seq += 1
         blocks = [_local(t) for t in inputs]
-        spmd.before_collective(self, spmd.describe(name, blocks, params))
+        spmd.before_collective(self, name, blocks, params)
         stats["collectives"] += 1
         stats["bytes"] += sum(b.size * b.dtype.itemsize for b in blocks)
         devices = self._devices

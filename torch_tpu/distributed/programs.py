@@ -38,14 +38,22 @@ def mesh(devices: tuple) -> Mesh:
 def global_array(local, m: Mesh):
     """This rank's flat block as its shard of the group's (size * n,) array."""
     n = local.shape[0]
-    return jax.make_array_from_single_device_arrays(
-        (n * m.size,), NamedSharding(m, P(AXIS)), [local]
-    )
+    return jax.make_array_from_single_device_arrays((n * m.size,), _sharding(m), [local])
+
+
+def _sharding(m: Mesh) -> NamedSharding:
+    found = _shardings.get(m)
+    if found is None:
+        found = _shardings[m] = NamedSharding(m, P(AXIS))
+    return found
+
+
+_shardings: dict = {}
 
 
 def local_block(array):
     """This process's shard of a program's result (one device per process)."""
-    return array.addressable_shards[0].data
+    return array.addressable_data(0)
 
 
 def _unsigned(dtype):
@@ -157,22 +165,33 @@ def _block_fn(kind: str, params: tuple, size: int):
     raise ValueError(f"unknown collective {kind!r}")
 
 
+class _Launch:
+    """A compiled collective and what its calls need: the jitted program and each input's global shape."""
+
+    __slots__ = ("program", "sharding", "shapes")
+
+    def __init__(self, program, sharding, shapes):
+        self.program, self.sharding, self.shapes = program, sharding, shapes
+
+
 def run(kind: str, devices: tuple, locals_: list, params: tuple = ()) -> list:
     """Launch collective `kind` over `devices` on this rank's flat blocks; this rank's flat results."""
-    m = mesh(devices)
-    key = (kind, devices, params, tuple((x.shape, x.dtype) for x in locals_))
-    program = _programs.get(key)
-    if program is None:
+    key = (kind, devices, params, *[(x.shape, x.dtype) for x in locals_])
+    launch = _programs.get(key)
+    if launch is None:
+        m = mesh(devices)
         body = _block_fn(kind, params, m.size)
         specs = tuple(P(AXIS) for _ in locals_)
         program = jax.jit(
             jax.shard_map(body, mesh=m, in_specs=specs, out_specs=specs, check_vma=False)
         )
-        _programs[key] = program
+        launch = _programs[key] = _Launch(program, _sharding(m), [(x.shape[0] * m.size,) for x in locals_])
         stats["programs_compiled"] += 1
     stats["launches"] += 1
-    results = program(*(global_array(x, m) for x in locals_))
-    return [local_block(r) for r in results]
+    # One device per process: the global array of each input is this rank's buffer as its one shard.
+    make, sharding = jax.make_array_from_single_device_arrays, launch.sharding
+    results = launch.program(*[make(shape, sharding, [x]) for shape, x in zip(launch.shapes, locals_)])
+    return [r.addressable_data(0) for r in results]
 
 
 @functools.lru_cache(maxsize=None)

@@ -103,11 +103,12 @@ def _default_group():
 _warned_subgroup = False
 
 
-def before_collective(group, description: str) -> None:
-    """Called by every tpu_dist collective before it launches."""
+def before_collective(group, name: str, blocks, params) -> None:
+    """Called by every tpu_dist collective before it launches (cheap outside a checking region)."""
     region = getattr(_local, "region", None)
     if region is None or not region.checking:
         return
+    description = describe(name, blocks, params)
     world = _default_group()
     if group is not world:
         global _warned_subgroup

@@ -75,7 +75,7 @@ def register_all() -> None:
                 if variant not in _kernels and registry.get(variant) is None and variant not in torch_level:
                     add(variant, _written_by(variant, kernel))
         for op, lowering in registry.table().items():
-            if op in _kernels:
+            if op in _kernels or not lowering.eager:
                 continue
             add(op, _prepared(op, _lowered_kernel(op, lowering, via_functional=False)))
             for variant in (mutating_variants(op) if not lowering.mutates else ()):

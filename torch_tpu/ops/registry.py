@@ -58,6 +58,9 @@ class Lowering:
     # Output metadata where PyTorch's meta kernel refuses inputs the lowering supports (it checks
     # one backend's limits, e.g. _grouped_mm's CUDA-only bf16): called like the op, on meta tensors.
     meta: Callable | None = None
+    # False: torch.compile graphs only; eager keeps the op's own kernel (collectives: c10d's, which
+    # calls the process group; the lowering needs the SPMD program of a graph, ops/collectives.py).
+    eager: bool = True
 
 
 _TABLE: dict[torch._ops.OpOverload, Lowering] = {}
