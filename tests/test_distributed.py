@@ -91,6 +91,34 @@ def test_collective_is_a_materialization_point(world_of_one):
     torch.testing.assert_close(u.cpu(), torch.full((3,), 6.0))
 
 
+def test_compiled_functional_collectives_world_of_one(world_of_one):
+    """torch.compile(backend="tpu") with funcol ops: one SPMD program, no process-group call, CPU values."""
+    import torch.distributed._functional_collectives as funcol
+
+    import torch_tpu.compile
+    from torch_tpu.compile import graph
+    from torch_tpu.distributed import compiled, process_group
+
+    torch_tpu.compile.register()
+    group = dist.group.WORLD
+
+    def f(x):
+        y = funcol.wait_tensor(funcol.all_reduce(torch.tanh(x), "avg", group))
+        g = funcol.all_gather_tensor(y * 2, 0, group)
+        return y.sum() + 1, funcol.wait_tensor(funcol.reduce_scatter_tensor(g, "max", 0, group))
+
+    fn = torch.compile(f, backend="tpu")
+    x = torch.randn(4, 3)
+    graphs, launched = compiled.stats["graphs"], process_group.stats["collectives"]
+    plans = graph.stats.plans
+    for _ in range(2):
+        total, scattered = fn(x.to(TPU))
+    torch.testing.assert_close(total.cpu(), torch.tanh(x).sum() + 1)
+    torch.testing.assert_close(scattered.cpu(), torch.tanh(x) * 2)
+    assert compiled.stats["graphs"] == graphs + 1 and graph.stats.plans == plans + 1
+    assert process_group.stats["collectives"] == launched  # inside the graph's program
+
+
 # --------------------------------------------------------------------------- multi-process
 
 COLLECTIVES = [
@@ -104,9 +132,11 @@ COLLECTIVES = [
 
 
 def test_collectives_ddp_spmd_two_processes():
-    """Every collective on 2 processes against CPU references, DDP == one process (10 steps), and
-    spmd_safe's handshake (a mismatch raises naming the rank and the operations)."""
-    passed = _run("collectives+ddp+spmd", 2)
+    """Every collective on 2 processes against CPU references, DDP == one process (10 steps),
+    spmd_safe's handshake (a mismatch raises naming the rank and the operations), functional
+    collectives inside torch.compile graphs (one SPMD program) == gloo on CPU tensors, and an
+    spmd_safe DDP step under DeferAndFuse (all_reduce fused) runs fewer programs than skinny, same result."""
+    passed = _run("collectives+ddp+spmd+compiled+spmd_ddp", 2)
     for name in COLLECTIVES:
         assert name in passed, f"check {name!r} did not run"
     for dtype in ("float32", "bfloat16", "int64", "int32"):
@@ -116,6 +146,12 @@ def test_collectives_ddp_spmd_two_processes():
     for name in ("spmd_safe region result", "torch.tpu.spmd_safe", "spmd mismatch op names rank 1",
                  "spmd mismatch names the operations", "spmd mismatch names end of region",
                  "group usable after mismatch"):
+        assert name in passed, f"check {name!r} did not run"
+    for name in ("compiled all_reduce sum", "compiled all_gather + reduce_scatter avg", "compiled all_reduce max",
+                 "compiled broadcast", "compiled graph ran no process-group collective (call 2)",
+                 "compiled collectives: one graph program", "compiled data-parallel update",
+                 "spmd_safe ddp step recorded its all_reduce", "spmd_safe ddp step runs fewer programs",
+                 "spmd_safe ddp param 3 == skinny", "spmd_safe ddp param 3 == one process"):
         assert name in passed, f"check {name!r} did not run"
 
 

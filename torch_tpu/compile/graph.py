@@ -220,7 +220,7 @@ class GraphFunction:
         if group is not None:  # functional collectives: one SPMD program over the group (distributed/compiled.py)
             from torch_tpu.distributed.compiled import SpmdExecutable
 
-            executable = SpmdExecutable(fn, group)
+            executable = SpmdExecutable(fn, group, (donated, kept, rng, host))
         else:
             self.options.dump_program(self, fn, sharding, (donated, kept, rng, host), len(self.compiled))
             executable = program_mod.compile_indexed(fn, sharding, (donated, kept, rng, host), signature, out_tree,

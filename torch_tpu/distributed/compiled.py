@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import jax
 import torch
-from jax.sharding import PartitionSpec as P
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 from torch_tpu.distributed import programs
 
-stats = {"graphs": 0, "calls": 0}
+stats = {"graphs": 0, "calls": 0, "recorded": 0}  # SPMD programs built, run; collectives recorded
 
 
 def graph_group(gm: torch.fx.GraphModule):
@@ -50,41 +50,65 @@ def graph_group(gm: torch.fx.GraphModule):
     return group
 
 
-class SpmdExecutable:
-    """The graph function as a jitted shard_map over the group's mesh, called on this rank's buffers.
+def fused_group():
+    """The group of collectives recorded into DeferAndFuse segments: the default group (spmd_safe's)."""
+    import torch.distributed as dist
 
-    Same calling convention as the backend's single-device executables:
-    (donated, kept, rng, host) local arrays in, (outputs, updated buffers) out; outputs come
-    back flat (the storages' layout), so the backend installs them directly.
+    return dist.group.WORLD
+
+
+def record_all_reduce(tensors, op: str, group) -> None:
+    """Record an spmd_safe all_reduce into the pending DeferAndFuse graph (fused with the work around it).
+
+    The in-place functional collective, run by the executor as any in-place op with a lowering:
+    recorded, not launched; the segment holding it becomes one SPMD program when it runs.
+    """
+    from torch_tpu.eager import executor, opspec
+    from torch_tpu.ops import registry
+
+    lowering = registry.get(torch.ops._c10d_functional.all_reduce.default)
+    spec = opspec.spec(torch.ops._c10d_functional.all_reduce_.default)
+    for t in tensors:
+        executor.execute(spec, lowering, True, t, op, group.group_name)
+    stats["recorded"] += 1
+
+
+class SpmdExecutable:
+    """A traced program function as a jitted shard_map over the group's mesh, called on this rank's arrays.
+
+    The calling convention of the single-device executables it stands in for (the compile
+    backend's graphs, DeferAndFuse segments): a tuple of lists of this rank's arrays in, its
+    results out, every result flat (a storage's layout). A 1-D or N-d argument is this rank's
+    block along dimension 0; a 0-d one (a runtime scalar) is passed as is.
     """
 
-    def __init__(self, fn, group, donate: bool = True):
+    def __init__(self, fn, group, example_args: tuple, donate: bool = True):
         self.group = group
         m = programs.mesh(group._devices)
-        self.sharding = programs._sharding(m)
+        self.sharded, self.replicated = programs._sharding(m), NamedSharding(m, P())
         self.size = m.size
+        specs = jax.tree_util.tree_map(lambda a: P(programs.AXIS) if a.ndim else P(), example_args)
 
-        def body(donated, kept, rng, host):
-            outs, updated = fn(donated, kept, rng, host)
-            return [o.reshape(-1) for o in outs], list(updated)
+        def body(*args):
+            return jax.tree_util.tree_map(lambda o: o.reshape(-1), fn(*args))
 
         self.program = jax.jit(
-            jax.shard_map(body, mesh=m, in_specs=P(programs.AXIS), out_specs=P(programs.AXIS), check_vma=False),
+            jax.shard_map(body, mesh=m, in_specs=specs, out_specs=P(programs.AXIS), check_vma=False),
             donate_argnums=(0,) if donate else (),
         )
         stats["graphs"] += 1
 
-    def _global(self, arrays):
-        make, sharding, size = jax.make_array_from_single_device_arrays, self.sharding, self.size
-        return [make((a.shape[0] * size, *a.shape[1:]), sharding, [a]) for a in arrays]
+    def _global(self, a):
+        if not a.ndim:
+            return jax.make_array_from_single_device_arrays((), self.replicated, [a])
+        return jax.make_array_from_single_device_arrays((a.shape[0] * self.size, *a.shape[1:]), self.sharded, [a])
 
-    def __call__(self, donated, kept, rng, host):
+    def __call__(self, *args):
         stats["calls"] += 1
-        g, group = self._global, self.group
-        args = (g(donated), g(kept), g([rng])[0], g([host])[0])
-        del donated
+        group = self.group
+        args = jax.tree_util.tree_map(self._global, args)
         # Launched like a skinny collective: a missing rank raises within the group's timeout.
         group._flush_p2p()
         group._seq += 1
-        outs, updated = group._bounded("a torch.compile graph's collectives", group._seq, lambda: self.program(*args))
-        return [o.addressable_data(0) for o in outs], [u.addressable_data(0) for u in updated]
+        results = group._bounded("a fused program's collectives", group._seq, lambda: self.program(*args))
+        return jax.tree_util.tree_map(lambda r: r.addressable_data(0), results)

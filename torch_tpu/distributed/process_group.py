@@ -91,6 +91,15 @@ def _local(t: torch.Tensor):
     return array
 
 
+class _Block:
+    """A tensor's flat (dtype, size), as spmd_safe fingerprints describe a block, without reading it."""
+
+    __slots__ = ("dtype", "shape")
+
+    def __init__(self, t: torch.Tensor):
+        self.dtype, self.shape = _jax_dtype(t.dtype), (t.numel(),)
+
+
 def _whole(t: torch.Tensor) -> bool:
     entry = storage.buffers.get(t.untyped_storage().data_ptr())
     return (
@@ -440,6 +449,13 @@ class ProcessGroupTPU(dist.ProcessGroup):
                 raise ValueError(f"tpu_dist all_reduce: ReduceOp.AVG needs a floating tensor, got {t.dtype}")
             if t.is_complex() and op not in ("sum", "avg"):
                 raise ValueError(f"tpu_dist all_reduce: {op} is not defined for complex tensors")
+        if spmd.fuses(self) and not any(t.is_complex() for t in tensors):
+            # spmd_safe under DeferAndFuse: recorded with the surrounding work, one SPMD program.
+            spmd.before_collective(self, "all_reduce", [_Block(t) for t in tensors], (op,))
+            from torch_tpu.distributed import compiled
+
+            compiled.record_all_reduce(tensors, op, self)
+            return _DoneWork(None, tensors)
         return self._launch(
             "all_reduce", "all_reduce", tensors, (op,),
             lambda rs: [_install(t, r) for t, r in zip(tensors, rs)], tensors,

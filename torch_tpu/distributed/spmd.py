@@ -20,11 +20,13 @@ from __future__ import annotations
 import functools
 import hashlib
 import sys
-import threading
+import types
 import time
 import warnings
 
-_local = threading.local()
+# Process-wide, not per thread: a region covers the collectives its code issues, including those
+# DDP's reducer issues from autograd's device threads during backward.
+_local = types.SimpleNamespace(region=None)
 _seen: dict[str, int] = {}  # call site -> times entered (handshake on the first)
 
 
@@ -101,6 +103,17 @@ def _default_group():
 
 
 _warned_subgroup = False
+
+
+def fuses(group) -> bool:
+    """Whether a collective on `group` is recorded into the pending DeferAndFuse graph instead of launched.
+
+    Inside an spmd_safe region under DeferAndFuse, on the default group: every rank promised to
+    issue it identically, so it may fuse with the work around it into one SPMD program.
+    """
+    from torch_tpu.config import config
+
+    return config.defer_and_fuse and getattr(_local, "region", None) is not None and group is _default_group()
 
 
 def before_collective(group, name: str, blocks, params) -> None:

@@ -399,8 +399,14 @@ class Segment:
             signature = self.signature(nodes)
             if signature is not None and offsets is not None:
                 signature = (*signature, ("offsets", self.offset_positions, offsets))
-            executable = program_mod.compile_indexed(fused, sharding, (donated, kept, scalars), signature,
-                                                     out_tree, donate_argnums=(0,) if self.donated else ())
+            if any(nodes[i].prog.spec.name.startswith("_c10d_functional") for i in self.nodes):
+                # spmd_safe collectives recorded here: one SPMD program over the group (distributed/compiled.py)
+                from torch_tpu.distributed.compiled import SpmdExecutable, fused_group
+
+                executable = SpmdExecutable(fused, fused_group(), (donated, kept, scalars), bool(self.donated))
+            else:
+                executable = program_mod.compile_indexed(fused, sharding, (donated, kept, scalars), signature,
+                                                         out_tree, donate_argnums=(0,) if self.donated else ())
         except jax.errors.JaxRuntimeError as err:
             error = translate_runtime_error(err, f"compiling a deferred graph of {len(self.nodes)} ops")
             _note(error, "the graph's ops were recorded at:\n" + _sites(fused.wheres))

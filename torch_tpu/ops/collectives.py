@@ -27,21 +27,41 @@ def _op(name: str) -> str:
     return name
 
 
+def _in_spmd_program() -> bool:
+    """Whether the group's mesh axis is bound. Only the SPMD program of a graph or segment runs these
+    lowerings (no eager kernel); outside it they are traced for their result's shape alone (DeferAndFuse
+    checks a recorded op abstractly, defer._check), and give a value of that shape."""
+    try:
+        lax.axis_size(AXIS)
+    except NameError:
+        return False
+    return True
+
+
 def all_reduce(x, reduce_op, group_name):
-    return programs._reduce(x, _op(reduce_op), lax.axis_size(AXIS))
+    op = _op(reduce_op)
+    if not _in_spmd_program():
+        return x
+    return programs._reduce(x, op, lax.axis_size(AXIS))
 
 
 def all_gather_into_tensor(x, group_size, group_name):
+    if not _in_spmd_program():
+        return jnp.concatenate([x] * group_size)
     return lax.all_gather(x, AXIS, axis=0, tiled=True)
 
 
 def reduce_scatter_tensor(x, reduce_op, group_size, group_name):
     op = _op(reduce_op)
+    if not _in_spmd_program():
+        return x[: x.shape[0] // group_size]
     (scatter,) = programs._block_fn("reduce_scatter", (op,), group_size)(x.reshape(-1))
     return scatter.reshape((x.shape[0] // group_size, *x.shape[1:]))
 
 
 def broadcast(x, src, group_name):
+    if not _in_spmd_program():
+        return x
     return programs._one_from(x, src)
 
 
