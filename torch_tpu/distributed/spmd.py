@@ -9,9 +9,9 @@ differing operation; a rank that never arrives raises a timeout naming it. Later
 runs of the region skip the handshake (like the modelled system's handshake before
 a program's first use).
 
-NOT done yet (docs/distributed.md): fusing the region's collectives into the
-surrounding DeferAndFuse / torch.compile program; inside a region collectives still
-run as their own programs (skinny).
+Under DeferAndFuse, a region's all_reduce on the default group is recorded with the
+surrounding work instead of launched (`fuses`; process_group.py, compiled.py): its
+segment becomes one SPMD program. Other collectives stay skinny (docs/distributed.md).
 
 Owns: regions, fingerprints, the store handshake. Does not own: collectives.
 """
