@@ -19,6 +19,8 @@ torch_tpu.compile.register()
 import torch._dynamo  # noqa: E402
 from torch._dynamo.utils import counters  # noqa: E402
 
+from tests.conftest import no_fallback  # noqa: E402
+
 TPU = torch.device("tpu:0")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -98,19 +100,20 @@ def test_compiled_foreach_optimizer_step_matches_cpu(cls, kwargs):
     assert torch_tpu.compile.stats.eager_graphs == 0
 
 
-@pytest.mark.filterwarnings("ignore:The operator 'aten._fused")
 @pytest.mark.parametrize("cls", [torch.optim.AdamW, torch.optim.SGD], ids=["AdamW", "SGD"])
 def test_compiled_step_with_fused_optimizer_matches_cpu(cls):
-    """fused=True: PyTorch never traces a fused optimizer (torch.compiler.disable); its kernel runs eagerly."""
+    """fused=True: PyTorch never traces a fused optimizer (torch.compiler.disable); its kernel runs eagerly,
+    lowered (ops/fused_optim.py), never on CPU."""
     model = _mlp()
     tpu_model = copy.deepcopy(model).to(TPU)
     opt = cls(model.parameters(), lr=0.01)
     tpu_opt = cls(tpu_model.parameters(), lr=0.01, fused=True)
     step = torch.compile(_train_step, backend="tpu")
     x = torch.randn(5, 8)
-    for _ in range(3):
-        step(tpu_model, tpu_opt, x.to(TPU))
-        _train_step(model, opt, x)
+    with no_fallback():
+        for _ in range(3):
+            step(tpu_model, tpu_opt, x.to(TPU))
+            _train_step(model, opt, x)
     for p, q in zip(model.parameters(), tpu_model.parameters()):
         assert q.device.type == "tpu"
         assert _max_diff(q, p) < 1e-5

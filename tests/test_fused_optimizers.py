@@ -106,3 +106,25 @@ def test_fused_low_precision_params_match_cpu():
             tpu_opt.step()
     for a, b in zip(cpu, tpu):
         torch.testing.assert_close(b.detach().cpu(), a.detach(), rtol=1.6e-2, atol=1e-2)
+
+
+def test_fused_adamw_step_is_one_program_in_strict():
+    """The whole update of every parameter is one executed op (plus the step-count increment), and a
+    new learning rate (a scheduler's) is a run-time value: no recompilation."""
+    import torch_tpu
+    from torch_tpu import metrics
+
+    if torch_tpu.get_execution_mode() != "strict":
+        pytest.skip("counts Strict op launches; DeferAndFuse records the step into its fused program")
+    cpu, tpu, cpu_opt, tpu_opt = _pair(torch.optim.AdamW, dict(weight_decay=0.1))
+    with no_fallback():
+        for step in range(3):
+            _set_grads(cpu, tpu, step)
+            for opt in (cpu_opt, tpu_opt):
+                opt.param_groups[0]["lr"] = 0.01 / (step + 1)
+            before, compiled = metrics.counts.ops_executed, metrics.counts.programs_compiled
+            tpu_opt.step()
+            cpu_opt.step()
+    assert metrics.counts.ops_executed - before == 2  # _foreach_add_(state_steps, 1), _fused_adamw_
+    assert metrics.counts.programs_compiled == compiled
+    _assert_same(cpu, tpu, cpu_opt, tpu_opt)
