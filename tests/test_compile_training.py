@@ -103,7 +103,7 @@ def test_compiled_foreach_optimizer_step_matches_cpu(cls, kwargs):
 @pytest.mark.parametrize("cls", [torch.optim.AdamW, torch.optim.SGD], ids=["AdamW", "SGD"])
 def test_compiled_step_with_fused_optimizer_matches_cpu(cls):
     """fused=True: PyTorch never traces a fused optimizer (torch.compiler.disable); its kernel runs eagerly,
-    lowered (ops/fused_optim.py), never on CPU."""
+    lowered (ops/optim.py), never on CPU."""
     model = _mlp()
     tpu_model = copy.deepcopy(model).to(TPU)
     opt = cls(model.parameters(), lr=0.01)

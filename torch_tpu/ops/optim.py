@@ -1,10 +1,11 @@
-"""Fused optimizer steps: `torch._fused_adamw_` / `torch._fused_adam_` (`torch.optim.AdamW(fused=True)`,
-the Hugging Face Trainer's default `adamw_torch_fused`).
+"""Fused optimizer steps: `torch._fused_adamw_` / `_fused_adam_` / `_fused_sgd_` / `_fused_adagrad_`
+(`torch.optim.AdamW/Adam/SGD/Adagrad(fused=True)`, the Hugging Face Trainer's default `adamw_torch_fused`).
 
 Lowered on the functional overloads (new params, grads, moments); the in-place ops the optimizer
 calls are derived from them (eager/opspec.py). Follows PyTorch's fused kernel: the step counts have
 already been incremented, gradients are unscaled by `grad_scale` (and stored unscaled), and a
-nonzero `found_inf` skips the step. `lr` is a runtime input: a scheduler changes it every step.
+nonzero `found_inf` skips the step (every list unchanged). `lr` is a runtime input: a scheduler
+changes it every step; the `tensor_lr` overloads take it as an array.
 """
 from __future__ import annotations
 
@@ -64,3 +65,106 @@ def fused_adam(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_step
                weight_decay, eps, amsgrad, maximize, grad_scale=None, found_inf=None):
     return _adam(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr, beta1, beta2,
                  weight_decay, eps, amsgrad, maximize, grad_scale, found_inf, decoupled=False)
+
+
+def _lr(lr):
+    """A `tensor_lr` overload's learning rate (a one-element tensor) as a scalar."""
+    return jnp.reshape(lr, ())
+
+
+@lowers(aten._fused_adamw.tensor_lr)
+def fused_adamw_tensor_lr(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr, beta1, beta2,
+                          weight_decay, eps, amsgrad, maximize, grad_scale=None, found_inf=None):
+    return _adam(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, _lr(lr), beta1, beta2,
+                 weight_decay, eps, amsgrad, maximize, grad_scale, found_inf, decoupled=True)
+
+
+@lowers(aten._fused_adam.tensor_lr)
+def fused_adam_tensor_lr(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr, beta1, beta2,
+                         weight_decay, eps, amsgrad, maximize, grad_scale=None, found_inf=None):
+    return _adam(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, _lr(lr), beta1, beta2,
+                 weight_decay, eps, amsgrad, maximize, grad_scale, found_inf, decoupled=False)
+
+
+def _unscaled(g, grad_scale, opmath):
+    g32 = g.astype(opmath)
+    return g32 if grad_scale is None else g32 / jnp.reshape(grad_scale, ()).astype(opmath)
+
+
+def _skipped(found_inf, old, new):
+    """GradScaler found an inf/nan: the step leaves every list as it was."""
+    if found_inf is None:
+        return new
+    skip = jnp.reshape(found_inf, ()) != 0
+    return tuple(jnp.where(skip, o, n) for o, n in zip(old, new))
+
+
+@lowers(aten._fused_sgd.default, runtime=("lr",))
+def fused_sgd(params, grads, momentum_buffer_list, weight_decay, momentum, lr, dampening, nesterov, maximize,
+              is_first_step, grad_scale=None, found_inf=None):
+    new_p, new_g, new_buf = [], [], []
+    for i, (p, g) in enumerate(zip(params, grads)):
+        opmath = jnp.float32 if p.dtype in (jnp.bfloat16, jnp.float16) else p.dtype
+        p32 = p.astype(opmath)
+        g32 = _unscaled(g, grad_scale, opmath)
+        stored_grad = g32.astype(g.dtype)
+        if maximize:
+            g32 = -g32
+        if weight_decay != 0:
+            g32 = g32 + weight_decay * p32
+        old, new = [p, g], [None, stored_grad]
+        if momentum != 0:
+            buf = momentum_buffer_list[i]
+            buf32 = g32 if is_first_step else buf.astype(opmath) * momentum + (1 - dampening) * g32
+            g32 = g32 + momentum * buf32 if nesterov else buf32
+            old.append(buf)
+            new.append(buf32.astype(buf.dtype))
+        new[0] = (p32 - lr * g32).astype(p.dtype)
+        out = _skipped(found_inf, old, new)
+        new_p.append(out[0])
+        new_g.append(out[1])
+        new_buf.append(out[2] if momentum != 0 else momentum_buffer_list[i] if i < len(momentum_buffer_list) else None)
+    return new_p, new_g, [b for b in new_buf if b is not None]
+
+
+@lowers(aten._fused_sgd.tensor_lr)
+def fused_sgd_tensor_lr(params, grads, momentum_buffer_list, weight_decay, momentum, lr, dampening, nesterov,
+                        maximize, is_first_step, grad_scale=None, found_inf=None):
+    return fused_sgd(params, grads, momentum_buffer_list, weight_decay, momentum, _lr(lr), dampening, nesterov,
+                     maximize, is_first_step, grad_scale, found_inf)
+
+
+def _adagrad(params, grads, state_sums, state_steps, lr, lr_decay, weight_decay, eps, maximize, grad_scale,
+             found_inf):
+    new_p, new_g, new_s = [], [], []
+    for p, g, s, step in zip(params, grads, state_sums, state_steps):
+        opmath = jnp.float32 if p.dtype in (jnp.bfloat16, jnp.float16) else p.dtype
+        p32, s32 = p.astype(opmath), s.astype(opmath)
+        g32 = _unscaled(g, grad_scale, opmath)
+        stored_grad = g32.astype(g.dtype)
+        if maximize:
+            g32 = -g32
+        if weight_decay != 0:
+            g32 = g32 + weight_decay * p32
+        clr = lr / (1 + (jnp.reshape(step, ()).astype(opmath) - 1) * lr_decay)
+        s32 = s32 + g32 * g32
+        p32 = p32 - clr * g32 / (jnp.sqrt(s32) + eps)
+        out = _skipped(found_inf, (p, g, s), (p32.astype(p.dtype), stored_grad, s32.astype(s.dtype)))
+        for lst, x in zip((new_p, new_g, new_s), out):
+            lst.append(x)
+    return new_p, new_g, new_s
+
+
+@lowers(aten._fused_adagrad.default, runtime=("lr",))
+def fused_adagrad(params, grads, state_sums, state_steps, lr, lr_decay, weight_decay, eps, maximize,
+                  grad_scale=None, found_inf=None):
+    # This overload's schema marks state_steps written; the kernel leaves them as they are.
+    return (*_adagrad(params, grads, state_sums, state_steps, lr, lr_decay, weight_decay, eps, maximize,
+                      grad_scale, found_inf), list(state_steps))
+
+
+@lowers(aten._fused_adagrad.tensor_lr)
+def fused_adagrad_tensor_lr(params, grads, state_sums, state_steps, lr, lr_decay, weight_decay, eps, maximize,
+                            grad_scale=None, found_inf=None):
+    return _adagrad(params, grads, state_sums, state_steps, _lr(lr), lr_decay, weight_decay, eps, maximize,
+                    grad_scale, found_inf)
