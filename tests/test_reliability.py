@@ -150,6 +150,39 @@ def test_failed_results_are_not_values(mode):
         _device_works()
 
 
+# In-place ops whose check fails. The bad index comes first: PyTorch's CPU kernels raise before writing
+# anything then (with a good index before it they write it, then raise); ours never write on failure.
+INPLACE = {
+    "index_put_": lambda x, d: x.index_put_((_t([9, 1], d),), _t(5.0, d)),
+    "scatter_add_": lambda x, d: x.view(2, 4).scatter_add_(1, _t([[7, 0]], d), torch.ones(1, 2, device=d)),
+    "scatter_": lambda x, d: x.view(2, 4).scatter_(1, _t([[7, 0]], d), torch.ones(1, 2, device=d)),
+    "index_fill_": lambda x, d: x.index_fill_(0, _t([-11, 2], d), 3.0),
+    "index_copy_": lambda x, d: x.index_copy_(0, _t([8, 0], d), torch.ones(2, device=d)),
+    "index_add_": lambda x, d: x.index_add_(0, _t([8, 0], d), torch.ones(2, device=d)),
+    "put_": lambda x, d: x.put_(_t([8, 0], d), torch.ones(2, device=d)),
+}
+
+
+@_all_modes
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("case", sorted(INPLACE))
+def test_failed_inplace_op_leaves_its_tensor_unchanged(case, mode):
+    """As on CPU: the error is raised and the written tensor still holds its old values (readable, usable)."""
+    cpu = torch.arange(8.0)
+    with pytest.raises(Exception) as expected:
+        INPLACE[case](cpu, "cpu")
+    assert cpu.equal(torch.arange(8.0))
+    with torch_tpu.execution_mode(mode):
+        x = torch.arange(8.0, device="tpu")
+        with pytest.raises(type(expected.value)) as info:
+            INPLACE[case](x, "tpu")
+            x.cpu()
+        assert str(info.value).splitlines()[0] == str(expected.value).splitlines()[0]
+        assert x.cpu().equal(torch.arange(8.0))
+        assert (x * 2).cpu().equal(torch.arange(8.0) * 2)
+        _device_works()
+
+
 @_all_modes
 def test_valid_values_pass_in_every_mode():
     """Checked ops with good values give CPU's results (negative indices where PyTorch takes them)."""
