@@ -260,3 +260,23 @@ def test_training_loop_fault_at_step_5(mode):
             tpu_opt.step()
             assert loss.item() == pytest.approx(expected.item(), rel=1e-4, abs=1e-5), step
         _device_works()
+
+
+def test_compiled_graph_value_checks():
+    """A torch.compile graph carries its checked ops' flags: a bad index raises PyTorch's error at the next
+    read (naming the op), the graph's results are lost, and later calls with good values match CPU."""
+    torch.manual_seed(0)
+    emb = torch.nn.Embedding(10, 4)
+    tpu_emb = torch.nn.Embedding(10, 4).to("tpu")
+    tpu_emb.load_state_dict(emb.state_dict())
+    step = torch.compile(lambda tokens: tpu_emb(tokens).sum(-1) * 2)
+    good = torch.tensor([1, 2, 3])
+    torch.testing.assert_close(step(good.to("tpu")).cpu(), emb(good).sum(-1) * 2)
+    with pytest.raises(IndexError, match="index out of range in self") as info:
+        out = step(torch.tensor([1, 12, 3], device="tpu"))
+        out.cpu()
+    assert "aten.embedding.default (in a torch.compile graph)" in str(info.value)
+    with pytest.raises(RuntimeError, match="failed a value check"):
+        out.cpu()
+    torch.testing.assert_close(step(good.to("tpu")).cpu(), emb(good).sum(-1) * 2)
+    _device_works()
