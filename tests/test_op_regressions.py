@@ -152,3 +152,31 @@ def test_opinfo_entry_on_every_sample(name, mode):
                               metadata_only=sweep._metadata_rule(t.METADATA_ONLY.get(name)),
                               opmath_reference=mode == "bfloat16" and name in t.OPMATH_REFERENCE)
     assert outcome.status == "pass", outcome.reason
+
+
+@pytest.mark.parametrize("dtype,hermitian", [(torch.float64, False), (torch.float32, False),
+                                             (torch.complex128, False), (torch.complex128, True)])
+def test_ldl_factor_and_solve_match_lapack(dtype, hermitian):
+    """linalg.ldl_factor_ex/ldl_solve (were a CPU fallback): LAPACK's Bunch-Kaufman pivots exactly, its LD,
+    its info for a zero column; solves against CPU's on non-singular matrices (2x2 pivots included)."""
+    torch.manual_seed(0)
+    two_by_two = 0
+    for n in (1, 2, 5, 9):
+        for singular in (False, True):
+            a = torch.randn(3, n, n, dtype=dtype)
+            a = a + (a.mH if hermitian else a.mT)
+            if singular:
+                a[..., 0, :] = 0
+                a[..., :, 0] = 0
+            ld, pivots, info = torch.linalg.ldl_factor_ex(a, hermitian=hermitian)
+            got = torch.linalg.ldl_factor_ex(a.to(TPU), hermitian=hermitian)
+            assert got[1].cpu().equal(pivots) and got[2].cpu().equal(info)
+            _close(got[0], ld, atol=1e-4, rtol=1e-4)
+            two_by_two += int((pivots < 0).sum())
+            if singular:  # a singular D: LAPACK's inf/nan pattern of the solve is not defined
+                continue
+            b = torch.randn(3, n, 2, dtype=dtype)
+            x = torch.linalg.ldl_solve(ld, pivots, b, hermitian=hermitian)
+            _close(torch.linalg.ldl_solve(ld.to(TPU), pivots.to(TPU), b.to(TPU), hermitian=hermitian), x,
+                   atol=1e-4, rtol=1e-4)
+    assert two_by_two > 0  # the samples exercise 2x2 pivots
