@@ -24,7 +24,6 @@ KNOWN = {
     ("__rmod__", 0): "CPU also returns (the sample expects an error on other devices)",
     ("__rpow__", 0): "CPU also returns (the sample expects an error on other devices)",
     ("__rsub__", 0): "CPU also returns (the sample expects an error on other devices)",
-    ("nn.functional.conv3d", 3): "a short padding list: convolution padding forms (issue 22)",
 }
 
 

@@ -79,6 +79,8 @@ CASES = {
     "nll_loss": lambda d: F.nll_loss(torch.zeros(2, 3, device=d), _t([1, -2], d)),
     "bernoulli": lambda d: torch.bernoulli(_t([0.5, 1.5], d)),
     "index_add": lambda d: torch.zeros(3, device=d).index_add_(0, _t([3], d), torch.ones(1, device=d)),
+    "one_hot": lambda d: F.one_hot(_t([0, 5], d), 3),
+    "one_hot_negative": lambda d: F.one_hot(_t([[0], [-1]], d), 3),
 }
 
 
@@ -120,7 +122,7 @@ def test_bad_values_raise_like_cpu(case, mode):
         assert type(info.value) is type(expected), (info.value, expected)
         assert str(info.value).splitlines()[0] == str(expected).splitlines()[0]
         # The error names the op and the line that launched it.
-        assert "a value check of aten." in str(info.value) and "test_reliability.py" in str(info.value)
+        assert "a value check of aten." in str(info.value) or "a value check of torch_tpu." in str(info.value) and "test_reliability.py" in str(info.value)
         assert at_op == (mode == "debug")  # Debug: at the op; Strict/DeferAndFuse: at the read
         _device_works()
     info = result = None
@@ -145,6 +147,39 @@ def test_failed_results_are_not_values(mode):
             with pytest.raises(RuntimeError, match="failed a value check"):
                 (out + 1).cpu()
         assert x.cpu().equal(torch.arange(16.0).reshape(4, 4))
+        _device_works()
+
+
+# In-place ops whose check fails. The bad index comes first: PyTorch's CPU kernels raise before writing
+# anything then (with a good index before it they write it, then raise); ours never write on failure.
+INPLACE = {
+    "index_put_": lambda x, d: x.index_put_((_t([9, 1], d),), _t(5.0, d)),
+    "scatter_add_": lambda x, d: x.view(2, 4).scatter_add_(1, _t([[7, 0]], d), torch.ones(1, 2, device=d)),
+    "scatter_": lambda x, d: x.view(2, 4).scatter_(1, _t([[7, 0]], d), torch.ones(1, 2, device=d)),
+    "index_fill_": lambda x, d: x.index_fill_(0, _t([-11, 2], d), 3.0),
+    "index_copy_": lambda x, d: x.index_copy_(0, _t([8, 0], d), torch.ones(2, device=d)),
+    "index_add_": lambda x, d: x.index_add_(0, _t([8, 0], d), torch.ones(2, device=d)),
+    "put_": lambda x, d: x.put_(_t([8, 0], d), torch.ones(2, device=d)),
+}
+
+
+@_all_modes
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("case", sorted(INPLACE))
+def test_failed_inplace_op_leaves_its_tensor_unchanged(case, mode):
+    """As on CPU: the error is raised and the written tensor still holds its old values (readable, usable)."""
+    cpu = torch.arange(8.0)
+    with pytest.raises(Exception) as expected:
+        INPLACE[case](cpu, "cpu")
+    assert cpu.equal(torch.arange(8.0))
+    with torch_tpu.execution_mode(mode):
+        x = torch.arange(8.0, device="tpu")
+        with pytest.raises(type(expected.value)) as info:
+            INPLACE[case](x, "tpu")
+            x.cpu()
+        assert str(info.value).splitlines()[0] == str(expected.value).splitlines()[0]
+        assert x.cpu().equal(torch.arange(8.0))
+        assert (x * 2).cpu().equal(torch.arange(8.0) * 2)
         _device_works()
 
 
@@ -225,3 +260,25 @@ def test_training_loop_fault_at_step_5(mode):
             tpu_opt.step()
             assert loss.item() == pytest.approx(expected.item(), rel=1e-4, abs=1e-5), step
         _device_works()
+
+
+@pytest.mark.skipif(os.environ.get("TORCH_TPU_DEFER_AND_FUSE") == "1",
+                    reason="a torch.compile graph runs the same way in both eager modes (it materializes first)")
+def test_compiled_graph_value_checks():
+    """A torch.compile graph carries its checked ops' flags: a bad index raises PyTorch's error at the next
+    read (naming the op), the graph's results are lost, and later calls with good values match CPU."""
+    torch.manual_seed(0)
+    emb = torch.nn.Embedding(10, 4)
+    tpu_emb = torch.nn.Embedding(10, 4).to("tpu")
+    tpu_emb.load_state_dict(emb.state_dict())
+    step = torch.compile(lambda tokens: tpu_emb(tokens).sum(-1) * 2)
+    good = torch.tensor([1, 2, 3])
+    torch.testing.assert_close(step(good.to("tpu")).cpu(), emb(good).sum(-1) * 2)
+    with pytest.raises(IndexError, match="index out of range in self") as info:
+        out = step(torch.tensor([1, 12, 3], device="tpu"))
+        out.cpu()
+    assert "aten.embedding.default (in a torch.compile graph)" in str(info.value)
+    with pytest.raises(RuntimeError, match="failed a value check"):
+        out.cpu()
+    torch.testing.assert_close(step(good.to("tpu")).cpu(), emb(good).sum(-1) * 2)
+    _device_works()

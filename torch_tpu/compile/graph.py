@@ -26,6 +26,7 @@ import torch
 from torch_tpu import _native, metrics, precision, recompiles
 from torch_tpu.compile.plan import _TENSOR, EMPTY, Plan, Unsupported, lowered_inplace_variant, lowered_out_variant
 from torch_tpu.eager import program as program_mod
+from torch_tpu.eager import valuecheck
 from torch_tpu.runtime import platform, storage
 from torch_tpu.runtime.errors import translate_runtime_error
 
@@ -81,7 +82,7 @@ _buffers = storage.buffers
 class Compiled:
     """One planned and compiled graph signature."""
 
-    __slots__ = ("plan", "executable", "donated_slots", "kept_slots", "layouts", "flatten")
+    __slots__ = ("plan", "executable", "donated_slots", "kept_slots", "layouts", "flatten", "checked")
 
 
 class GraphFunction:
@@ -137,6 +138,8 @@ class GraphFunction:
         except jax.errors.JaxRuntimeError as err:
             raise translate_runtime_error(err, f"a torch.compile graph ({self.name})") from None
         del donated
+        if compiled.checked:
+            updated, flags = updated[:-1], updated[-1]
         for s, array in zip(plan.mutated, updated):
             _buffers[addresses[s]] = (array, plan.slot_layout[s][0])
         if compiled.flatten is not False:
@@ -158,6 +161,8 @@ class GraphFunction:
                 results.append(env[out[1]])
             else:
                 results.append(out[1])
+        if compiled.checked:  # raised at the next materialization point; the graph's results are lost then
+            valuecheck.launched_graph(flags, compiled.checked, outs)
         return results
 
     def _key(self, args):
@@ -213,10 +218,11 @@ class GraphFunction:
         rng = _take_rng(0, device)  # only its shape and dtype matter while compiling
         host = _host_vector([0.0] * len(plan.host_scalars), device)
         signature = None
+        checked = [str(step.prog.spec.op) for step in plan.steps if step.prog.checks]
         if plan.indexable:
-            signature = ("torch.compile", self.code_hash, key, self.options.xla_flags)
+            signature = ("torch.compile", self.code_hash, key, self.options.xla_flags, *(("value checks",) if checked else ()))
         n_outputs = sum(1 for out in plan.outputs if out[0] == "t")
-        out_tree = jax.tree_util.tree_structure(([0] * n_outputs, [0] * len(plan.mutated)))
+        out_tree = jax.tree_util.tree_structure(([0] * n_outputs, [0] * (len(plan.mutated) + bool(checked))))
         if group is not None:  # functional collectives: one SPMD program over the group (distributed/compiled.py)
             from torch_tpu.distributed.compiled import SpmdExecutable
 
@@ -230,6 +236,7 @@ class GraphFunction:
         compiled.executable = executable
         compiled.donated_slots = donated_slots
         compiled.kept_slots = kept_slots
+        compiled.checked = checked  # the value-checked ops' names, in the order of their flags
         compiled.flatten = None  # found on the first launch: see __call__
         compiled.layouts = tuple((m.sizes, m.strides, m.dtype) for out in plan.outputs if out[0] == "t"
                                  for m in [out[3]])

@@ -383,11 +383,15 @@ class Plan:
                 bufs[s] = array
             for s in (*self.unwritten, *self.zero_slots):
                 bufs[s] = jnp.zeros((layout[s][1],), layout[s][0])
+            flags = []
             for step in self.steps:
                 scalars = [host[v.k] if isinstance(v, HostRef) else v for v in step.scalars]
                 if step.rng is not None:
                     scalars.extend(_rng_words(rng, step.rng))
                 fresh, updated = step.prog.trace([bufs[s] for s in step.inputs], scalars)
+                if step.prog.checks:  # a value-checked op: its error flag follows its updated slots
+                    flags.append(updated[-1])
+                    updated = updated[:-1]
                 for s, array in zip(step.fresh, fresh):
                     bufs[s] = array
                 for s, array in zip(step.updated, updated):
@@ -399,7 +403,8 @@ class Plan:
                 _, slot, (dtype, sizes, strides, offset), m = out
                 value = strided.read(strided.reinterpret(bufs[slot], dtypes.to_jax(dtype)), sizes, strides, offset)
                 outs.append(_physical(value, m) if self.nd_outputs else strided.to_flat(value, m.strides))
-            return outs, [bufs[s] for s in self.mutated]
+            # The flags (one row per checked op) after the mutated buffers (eager/valuecheck.py).
+            return outs, [bufs[s] for s in self.mutated] + ([jnp.stack(flags)] if flags else [])
 
         return graph, donated_slots, kept_slots
 

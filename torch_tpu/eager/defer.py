@@ -370,8 +370,8 @@ class Segment:
         for s in self.checked:
             i = self.nodes[s]
             node = nodes[i]
-            n_results = _fresh_count(node.prog) + len(node.prog.updated_slots)
-            results = [values[i * _OUT + k] for k in range(n_results) if i * _OUT + k in values]
+            # Fresh results only: written tensors keep their values when the check fails (program.py).
+            results = [values[i * _OUT + k] for k in range(_fresh_count(node.prog)) if i * _OUT + k in values]
             checked.append((node.prog.spec.name, node.where, results))
         valuecheck.launched_fused(flags, checked)
 

@@ -269,7 +269,7 @@ def _execute_slow(spec: OpSpec, lowering: Lowering, via_functional: bool, full: 
             _buffers[slot_addresses[slot]] = (array, slot_dtypes[slot])
     outs = _new_outputs(prog.layouts, fresh, device, _buffers)
     if prog.checks:  # checked at the next materialization point (now, in Debug mode)
-        _valuecheck.launched(updated[-1], spec.name, [*fresh, *updated[:-1]])
+        _valuecheck.launched(updated[-1], spec.name, fresh)  # written tensors keep their values on failure
     return _returns(spec, prog, full, outs)
 
 

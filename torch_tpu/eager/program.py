@@ -404,6 +404,7 @@ def _make_trace(spec, lowering, key_args, slots, slot_dtypes, passed, input_slot
                 _, dtype, sizes, strides, _, slot = entry
                 return strided.read(strided.reinterpret(bufs[slot], dtypes.to_jax(dtype)), sizes, strides, offset)
 
+            before = list(bufs)  # the slots' values before the op writes them
             call_scalars = scalars[: len(scalars) - n_rng]
             args, offsets = _rebuild(spec, key_args, call_scalars, read, lambda v, t: v,
                                      lambda v, dtype: jnp.asarray(v, dtypes.to_jax(dtype)), lambda vs, ts: list(vs))
@@ -437,8 +438,10 @@ def _make_trace(spec, lowering, key_args, slots, slot_dtypes, passed, input_slot
                     buf = strided.reinterpret(bufs[slot], dtypes.to_jax(dtype))
                     buf = strided.write(buf, jnp.asarray(v), sizes, strides, offsets[(arg_index, j)])
                     bufs[slot] = strided.reinterpret(buf, slot_layout[slot][0])
-            if checked:
-                return fresh_buffers, [*(bufs[i] for i in updated_slots), checks.combine(flags)]
+            if checked:  # a failed check leaves written tensors unchanged, as PyTorch's CPU kernel does
+                flag = checks.combine(flags)
+                kept = [jnp.where(flag[0] == 0, bufs[i], before[i]) for i in updated_slots]
+                return fresh_buffers, [*kept, flag]
             return fresh_buffers, [bufs[i] for i in updated_slots]
 
     return trace

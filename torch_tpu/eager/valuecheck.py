@@ -64,6 +64,22 @@ def launched_fused(flags, nodes: list) -> None:
         storage.set_check(check)
 
 
+def launched_graph(flags, ops: list, results) -> None:
+    """A torch.compile graph ran: `flags` has one row per checked op (`ops`, their names, in order);
+    `results` are the graph's output arrays, all lost if a check failed (each depends on the graph's ops)."""
+    from torch_tpu.eager import defer  # noqa: PLC0415
+
+    where = defer._user_frame()  # the line that called the compiled function
+    counts["checked ops"] += len(ops)
+    entry = (flags, [(f"{op} (in a torch.compile graph)", where, _refs(results)) for op in ops])
+    if config.launch_blocking:
+        _raise_first([entry])
+        return
+    with _lock:
+        _pending.append(entry)
+        storage.set_check(check)
+
+
 def pending() -> int:
     """How many launched programs have flags not yet checked."""
     return len(_pending)

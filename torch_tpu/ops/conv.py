@@ -75,6 +75,11 @@ def _bias_shape(x):
 @lowers(aten.convolution.default, aten.convolution_overrideable.default, precision=True)
 def convolution(x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
     stride, padding, dilation, output_padding = _spatial(x.ndim - 2, stride, padding, dilation, output_padding)
+    # ATen's shape check (PyTorch's meta kernel lets a short negative padding list through).
+    if any(p < 0 for p in padding):
+        raise RuntimeError("negative padding is not supported")
+    if transposed and any(p < 0 for p in output_padding):
+        raise RuntimeError("negative output_padding is not supported")
     if transposed:
         out = _conv_transpose(x, w, stride, padding, dilation, output_padding, groups)
     else:

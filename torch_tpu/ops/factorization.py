@@ -15,6 +15,7 @@ elimination run only on failure).
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -394,3 +395,177 @@ def linalg_lstsq(a, b, rcond=None, driver=None):
         rank = jnp.zeros((0,), jnp.int64)
     singular = s if driver in ("gelsd", "gelss") else jnp.zeros((0,), real)
     return (x[..., 0] if vector else x), residuals, rank, singular
+
+
+# ---------------------------------------------------------------- LDL (Bunch-Kaufman)
+# PyTorch returns LAPACK's sytrf/hetrf factorization (lower): LD holds D's 1x1 and 2x2 blocks and L's
+# columns below them, pivots LAPACK's 1-based interchanges (negative for a 2x2 block). The pivoting is
+# part of the result, so this is LAPACK's unblocked algorithm (sytf2/hetf2, what sytrf runs on matrices
+# smaller than its block size), step for step: the same pivot choices, the same interchanges (within the
+# trailing matrix only: earlier columns of L are not permuted), the same updates.
+_BK_ALPHA = (1 + 17 ** 0.5) / 8
+
+
+def _cabs1(z):
+    return jnp.abs(z.real) + jnp.abs(z.imag) if jnp.iscomplexobj(z) else jnp.abs(z)
+
+
+def _ldl_one(a, hermitian):
+    n = a.shape[-1]
+    herm = hermitian and jnp.iscomplexobj(a)
+    conj = jnp.conj if herm else (lambda z: z)
+    idx = jnp.arange(n)
+    # The full symmetric (Hermitian) matrix of the lower triangle: a symmetric interchange of it is
+    # LAPACK's interchange of the lower triangle's trailing part.
+    s = jnp.tril(a) + conj(_mT(jnp.tril(a, -1)))
+    if herm:
+        s = s - 1j * jnp.diag(jnp.diagonal(s).imag)
+
+    def diag_abs(value):
+        return jnp.abs(value.real) if herm else _cabs1(value)
+
+    def body(state):
+        k, s, ld, ipiv, info = state
+        absakk = diag_abs(s[k, k])
+        colabs = jnp.where(idx > k, _cabs1(s[:, k]), -1.0)
+        imax = jnp.argmax(colabs)  # the first largest, as LAPACK's IxAMAX
+        colmax = jnp.where(k < n - 1, colabs[imax], 0.0)
+        zero = (jnp.maximum(absakk, colmax) == 0) | jnp.isnan(absakk)
+        rowabs = _cabs1(s[imax, :])
+        rowmax = jnp.maximum(jnp.max(jnp.where((idx >= k) & (idx < imax), rowabs, -1.0)),
+                             jnp.max(jnp.where(idx > imax, rowabs, -1.0)))
+        keep = zero | (absakk >= _BK_ALPHA * colmax) | (absakk >= _BK_ALPHA * colmax * (colmax / rowmax))
+        one_by_one = keep | (diag_abs(s[imax, imax]) >= _BK_ALPHA * rowmax)
+        kp = jnp.where(keep, k, imax)
+        kstep = jnp.where(one_by_one, 1, 2)
+        kk = k + kstep - 1
+        perm = jnp.where(idx == kk, kp, jnp.where(idx == kp, kk, idx))
+        s = s[perm][:, perm]
+
+        def step1(s):
+            d = s[k, k].real if herm else s[k, k]
+            x = jnp.where(idx > k, s[:, k], 0)
+            x = jnp.where(zero, 0, x)
+            scale = jnp.where(zero, 0, 1 / d)
+            s = s - scale * jnp.outer(x, conj(x))
+            column = jnp.where(idx > k, x * scale, jnp.where(idx == k, s[k, k], 0))
+            return s, column, jnp.zeros_like(column)
+
+        def step2(s):
+            below = idx > k + 1
+            x0, x1 = jnp.where(below, s[:, k], 0), jnp.where(below, s[:, k + 1], 0)
+            if herm:
+                d = jnp.abs(s[k + 1, k])
+                d11, d22 = s[k + 1, k + 1].real / d, s[k, k].real / d
+                tt = 1 / (d11 * d22 - 1)
+                d21 = s[k + 1, k] / d
+                d = tt / d
+                wk = d * (d11 * x0 - d21 * x1)
+                wkp1 = d * (d22 * x1 - jnp.conj(d21) * x0)
+            else:
+                d21 = s[k + 1, k]
+                d11, d22 = s[k + 1, k + 1] / d21, s[k, k] / d21
+                d21 = (1 / (d11 * d22 - 1)) / d21
+                wk = d21 * (d11 * x0 - x1)
+                wkp1 = d21 * (d22 * x1 - x0)
+            s = s - jnp.outer(x0, conj(wk)) - jnp.outer(x1, conj(wkp1))
+            first = jnp.where(below, wk, jnp.where(idx == k, s[k, k], jnp.where(idx == k + 1, s[k + 1, k], 0)))
+            second = jnp.where(below, wkp1, jnp.where(idx == k + 1, s[k + 1, k + 1], 0))
+            return s, first, second
+
+        s, first, second = lax.cond(kstep == 1, step1, step2, s)
+        ld = ld.at[:, k].set(first)
+        ld = jnp.where((kstep == 2) & (idx[None, :] == k + 1), second[:, None], ld)
+        pivot = (kp + 1).astype(jnp.int32)
+        ipiv = jnp.where(kstep == 1, ipiv.at[k].set(pivot), ipiv.at[k].set(-pivot).at[k + 1].set(-pivot))
+        info = jnp.where((info == 0) & zero, k + 1, info).astype(jnp.int32)
+        return k + kstep, s, ld, ipiv, info
+
+    state = (jnp.asarray(0), s, jnp.zeros_like(a), jnp.zeros((n,), jnp.int32), jnp.asarray(0, jnp.int32))
+    _, _, ld, ipiv, info = lax.while_loop(lambda st: st[0] < n, body, state)
+    return ld, ipiv, info
+
+
+def _batched(fn, a, *rest):
+    batch = a.shape[:-2]
+    flat = a.reshape((-1,) + a.shape[-2:])
+    out = jax.vmap(lambda m: fn(m, *rest))(flat)
+    return tuple(o.reshape(batch + o.shape[1:]) for o in out)
+
+
+@lowers(aten.linalg_ldl_factor_ex.default)
+def linalg_ldl_factor_ex(a, hermitian=False, check_errors=False):
+    if a.shape[-1] == 0 or math.prod(a.shape[:-2]) == 0:
+        return a, jnp.zeros(a.shape[:-1], jnp.int32), jnp.zeros(a.shape[:-2], jnp.int32)
+    return _batched(_ldl_one, a, hermitian)
+
+
+def _ldl_solve_one(ld, ipiv, b, hermitian):
+    n = ld.shape[-1]
+    herm = hermitian and jnp.iscomplexobj(ld)
+    conj = jnp.conj if herm else (lambda z: z)
+    idx = jnp.arange(n)
+
+    def swap(b, i, j):
+        perm = jnp.where(idx == i, j, jnp.where(idx == j, i, idx))
+        return b[perm]
+
+    def forward(state):  # L D y = b, pivots applied in order
+        k, b = state
+        p = ipiv[k]
+
+        def one(b):
+            b = swap(b, k, p - 1)
+            column = jnp.where(idx > k, ld[:, k], 0)
+            b = b - column[:, None] * b[k][None, :]
+            d = ld[k, k].real if herm else ld[k, k]
+            return b.at[k].set(b[k] / d)
+
+        def two(b):
+            b = swap(b, k + 1, -p - 1)
+            below = idx > k + 1
+            b = b - jnp.where(below, ld[:, k], 0)[:, None] * b[k][None, :] \
+                  - jnp.where(below, ld[:, k + 1], 0)[:, None] * b[k + 1][None, :]
+            akm1k = ld[k + 1, k]
+            akm1 = ld[k, k] / conj(akm1k)
+            ak = ld[k + 1, k + 1] / akm1k
+            denom = akm1 * ak - 1
+            bkm1, bk = b[k] / conj(akm1k), b[k + 1] / akm1k
+            return b.at[k].set((ak * bkm1 - bk) / denom).at[k + 1].set((akm1 * bk - bkm1) / denom)
+
+        return k + jnp.where(p > 0, 1, 2), lax.cond(p > 0, one, two, b)
+
+    def backward(state):  # L^T x = y (L^H when Hermitian), pivots undone in reverse
+        k, b = state
+        p = ipiv[k]
+        below = idx > k
+        lk = conj(jnp.where(below, ld[:, k], 0))
+
+        def one(b):
+            b = b.at[k].add(-(lk @ b))
+            return swap(b, k, p - 1)
+
+        def two(b):  # k is the block's second row
+            lkm1 = conj(jnp.where(below, ld[:, k - 1], 0))
+            b = b.at[k].add(-(lk @ b)).at[k - 1].add(-(lkm1 @ b))
+            return swap(b, k, -p - 1)
+
+        return k - jnp.where(p > 0, 1, 2), lax.cond(p > 0, one, two, b)
+
+    _, b = lax.while_loop(lambda st: st[0] < n, forward, (jnp.asarray(0), b))
+    _, b = lax.while_loop(lambda st: st[0] >= 0, backward, (jnp.asarray(n - 1), b))
+    return b
+
+
+@lowers(aten.linalg_ldl_solve.default)
+@_highest
+def linalg_ldl_solve(ld, pivots, b, hermitian=False):
+    batch = jnp.broadcast_shapes(ld.shape[:-2], pivots.shape[:-1], b.shape[:-2])
+    n = ld.shape[-1]
+    if n == 0 or b.shape[-1] == 0 or math.prod(batch) == 0:
+        return jnp.broadcast_to(b, batch + b.shape[-2:]).astype(b.dtype)
+    ld = jnp.broadcast_to(ld, batch + ld.shape[-2:]).reshape((-1, n, n))
+    pivots = jnp.broadcast_to(pivots, batch + pivots.shape[-1:]).reshape((-1, n))
+    rhs = jnp.broadcast_to(b, batch + b.shape[-2:])
+    out = jax.vmap(lambda l, p, r: _ldl_solve_one(l, p, r, hermitian))(ld, pivots, rhs.reshape((-1,) + b.shape[-2:]))
+    return out.reshape(rhs.shape)

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import torch
 
 from torch_tpu.ops import checks
 from torch_tpu.ops._dims import axis
-from torch_tpu.ops.registry import aten, lowers
+from torch_tpu.ops.registry import aten, kernel, lowers
 
 _F32 = jnp.float32
 
@@ -85,6 +86,43 @@ def embedding_renorm(weight, indices, max_norm, norm_type):
     norm = jnp.sum(jnp.abs(a) ** norm_type, axis=1) ** (1.0 / norm_type)
     scale = jnp.where(rows & (norm > max_norm), max_norm / (norm + 1e-7), 1)
     return (a * scale[:, None]).astype(weight.dtype)
+
+
+# ---------------------------------------------------------------- one_hot
+# aten.one_hot is CompositeImplicitAutograd: on a PrivateUse1 device it decomposes to `scatter_`, whose
+# device check reports scatter's message. A tpu kernel of its own checks the class values in the program
+# with one_hot's own errors (as PyTorch's CPU kernel does on the host), then compares with arange.
+_lib = torch.library.Library("torch_tpu", "FRAGMENT")
+_lib.define("one_hot(Tensor self, int num_classes) -> Tensor")
+
+
+@torch.library.register_fake("torch_tpu::one_hot", lib=_lib)
+def _one_hot_fake(x, num_classes):
+    return x.new_empty((*x.shape, num_classes), dtype=torch.int64)
+
+
+@lowers(torch.ops.torch_tpu.one_hot.default)
+@checks.checked
+def one_hot_checked(x, num_classes):
+    checks.require(x >= 0, checks.ONE_HOT_NEGATIVE)  # CPU checks the sign first
+    checks.require(x < num_classes, checks.ONE_HOT_BIG)
+    return (x[..., None] == jnp.arange(num_classes, dtype=x.dtype)).astype(jnp.int64)
+
+
+@kernel(aten.one_hot.default)
+def one_hot(x, num_classes=-1):
+    """PyTorch's host-side checks (Onehot.cpp), then the checked program."""
+    if x.dtype != torch.int64:
+        raise RuntimeError("one_hot is only applicable to index tensor of type LongTensor.")
+    if x.numel() == 0:
+        if num_classes <= 0:
+            raise RuntimeError("Can not infer total number of classes from empty tensor.")
+        return x.new_empty((*x.shape, num_classes))
+    if num_classes == -1:  # the size depends on the values: one read, as on CPU and CUDA
+        num_classes = int(x.max().item()) + 1
+    elif num_classes < 0:  # every value is >= num_classes: CPU's message
+        raise RuntimeError("Class values must be smaller than num_classes.")
+    return torch.ops.torch_tpu.one_hot(x, num_classes)
 
 
 # ---------------------------------------------------------------- embedding bag
