@@ -74,6 +74,12 @@ def mapping() -> None:
     xs = [torch.randn(4, 3, generator=torch.Generator().manual_seed(r)) for r in range(world)]
     dist.all_reduce(t)
     check("all_reduce on tpu:LOCAL_RANK", t, sum(xs[1:], xs[0]))
+    y = torch.ones(4, device=mine) * (rank + 1)
+    dist.all_reduce(y, op=dist.ReduceOp.PREMUL_SUM(0.5))  # FSDP2's gradient divide (TorchTitan sets one)
+    check("all_reduce PREMUL_SUM", y, torch.full((4,), 0.5 * sum(range(1, world + 1))))
+    out = torch.empty(2, device=mine)
+    dist.reduce_scatter_tensor(out, torch.arange(2.0 * world, device=mine), op=dist.ReduceOp.PREMUL_SUM(1.0))
+    check("reduce_scatter_tensor PREMUL_SUM", out, torch.arange(2.0 * world)[2 * rank: 2 * rank + 2] * world)
     raises("a tensor on another process's index", lambda: torch.ones(2, device=f"tpu:{other}").cpu(),
            f"tpu:{other} is the device of local rank {other}'s process")
     raises("a copy to another process's index", lambda: x.to(f"tpu:{other}").cpu(), f"owns tpu:{local} only")

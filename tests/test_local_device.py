@@ -26,7 +26,8 @@ def test_local_rank_index_is_the_process_device():
     for name in ("device_count is LOCAL_WORLD_SIZE", "accelerator device_count", "starts on tpu:LOCAL_RANK",
                  "JAX not started", "set_device(another process's index)", "memory_stats of another process's index",
                  "tensor on tpu:LOCAL_RANK", "compute on tpu:LOCAL_RANK", "'tpu' is tpu:LOCAL_RANK",
-                 "backward on tpu:LOCAL_RANK", "all_reduce on tpu:LOCAL_RANK", "a tensor on another process's index",
+                 "backward on tpu:LOCAL_RANK", "all_reduce on tpu:LOCAL_RANK",
+                 "all_reduce PREMUL_SUM", "reduce_scatter_tensor PREMUL_SUM", "a tensor on another process's index",
                  "a copy to another process's index", "DTensor local shard on tpu:LOCAL_RANK", "DTensor full_tensor",
                  "new thread starts on tpu:0", "thread on tpu:0 is told to set_device",
                  "thread after set_device(LOCAL_RANK)"):

@@ -61,10 +61,15 @@ metrics.add_section("distributed (tpu_dist)", _report)
 
 
 def _op_name(op) -> str:
+    if getattr(op, "op", None) == ReduceOp.RedOpType.PREMUL_SUM:  # sum of factor * x (FSDP2's gradient divide)
+        factor = op.factor
+        if not isinstance(factor, float):
+            raise ValueError("tpu_dist supports ReduceOp.PREMUL_SUM with a Python float factor only")
+        return "sum" if factor == 1.0 else f"premul_sum*{factor!r}"
     for known, name in _OPS.items():
         if op == known:
             return name
-    raise ValueError(f"tpu_dist does not support reduce op {op} (supported: sum, avg, min, max, product)")
+    raise ValueError(f"tpu_dist does not support reduce op {op} (supported: sum, avg, min, max, product, premul_sum)")
 
 
 class CollectiveTimeoutError(dist.DistBackendError):
