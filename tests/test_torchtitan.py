@@ -77,8 +77,10 @@ def test_fsdp2_two_processes_match_one_and_resume(tmp_path):
                                                             "--job.dump_folder", str(tmp_path / "fsdp")],
                    str(tmp_path / "fsdp.log"), 500)
     assert sorted(one) == list(range(1, 11)) and sorted(two) == list(range(1, 11)), (one, two)
+    # float32 products run with bfloat16 operands on tpu by default ("medium", docs/precision.md): a
+    # different batch split rounds differently (measured: at most 1.7e-3 relative over 10 steps).
     for step in range(1, 11):
-        assert abs(one[step] - two[step]) < 2e-3, f"step {step}: 1 process {one[step]}, FSDP2 {two[step]}"
+        assert abs(one[step] - two[step]) <= 5e-3 * one[step], f"step {step}: 1 process {one[step]}, FSDP2 {two[step]}"
     assert two[10] < two[1] - 0.5, f"the loss did not fall: {two}"
 
     resumed_dir = tmp_path / "resumed"
