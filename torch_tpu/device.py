@@ -147,8 +147,13 @@ class device:
 def synchronize(device=None) -> None:
     """Wait until every queued computation on the device has finished (DeferAndFuse: runs what is recorded)."""
     from torch_tpu import streams
+    from torch_tpu.runtime import local_device
 
-    streams.synchronize(_index(device))
+    index = _index(device, owned=False)
+    a = local_device.assignment()
+    if a is not None and index != a.index:
+        return  # another process's device: nothing of this process runs there (CUDA allows the call too)
+    streams.synchronize(index)
 
 
 # ------------------------------------------------------------------ RNG
