@@ -6,13 +6,15 @@ STAMP := $(VENV)/.torch_tpu-installed
 # Pinned: torch's CPU wheel is in the local pip cache; an unpinned torch pulls a CUDA build.
 PINS := torch==2.13.0 jax==0.10.2 jaxlib==0.10.2
 PYTEST_FLAGS ?=
+# Extras `make install` installs, resolved together (titan: tests/test_torchtitan.py, heavy).
+EXTRAS ?= test,titan
 
 .PHONY: install demo test test-defer test-heavy test-all bench docs clean
 
 $(STAMP): pyproject.toml setup.py torch_tpu/csrc/native.cpp torch_tpu/csrc/autocast.cpp torch_tpu/csrc/profiler.cpp
 	test -x $(PYTHON) || $(PY) -m venv $(VENV)
 	$(PYTHON) -m pip install -q $(PINS) numpy setuptools wheel
-	TORCH_DEVICE_BACKEND_AUTOLOAD=0 $(PYTHON) -m pip install -q --no-build-isolation -e '.[test]'
+	TORCH_DEVICE_BACKEND_AUTOLOAD=0 $(PYTHON) -m pip install -q --no-build-isolation -e '.[$(EXTRAS)]'
 	touch $(STAMP)
 
 install: $(STAMP)

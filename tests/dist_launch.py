@@ -19,17 +19,16 @@ def free_port() -> int:
 
 def launch(name: str, world: int, timeout: float = 240.0, env: dict | None = None,
            script: str = "dist_programs.py") -> list[tuple[int, str]]:
-    """Run program `name` of `script` (in tests/) on `world` processes; [(exit status, output)] per rank.
-
-    Kills them all past `timeout`.
-    """
+    """Run program `name` of tests/`script` on `world` processes; [(exit status, output)] per rank.
+    Kills them all past `timeout`. `env` may hold per-rank values: {name: [value of rank 0, ...]}."""
     port = free_port()
     procs = []
     for rank in range(world):
         child = dict(os.environ)
-        child.update(env or {})
+        mine = {k: v[rank] if isinstance(v, (list, tuple)) else v for k, v in (env or {}).items()}
+        child.update(mine)
         child.update(
-            RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
+            RANK=str(rank), LOCAL_RANK=mine.get("LOCAL_RANK", str(rank)), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
             MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONPATH=ROOT + os.pathsep + child.get("PYTHONPATH", ""),
             TORCH_TPU_CACHE=child.get("TORCH_TPU_CACHE", "0"), OMP_NUM_THREADS="1",
         )

@@ -58,7 +58,8 @@ def collectives() -> None:
     rank, world = init()
     ranks = range(world)
     check("backend", dist.get_backend(), "tpu_dist")
-    check("device_count", torch.tpu.device_count(), 1)
+    check("device_count", torch.tpu.device_count(), int(os.environ["LOCAL_WORLD_SIZE"]))  # tpu:{LOCAL_RANK} is ours
+    check("current_device", torch.tpu.current_device(), int(os.environ["LOCAL_RANK"]))
 
     # all_reduce: every op on float32, bf16, int64, int32
     reducers = {
@@ -303,7 +304,7 @@ def _failure(rank1_does, expect: str) -> None:
     address = f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
     dist.init_process_group("tpu_dist", init_method=address, rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=TIMEOUT))
-    check("tcp:// init_method", (dist.get_rank(), torch.tpu.device_count()), (rank, 1))
+    check("tcp:// init_method", (dist.get_rank(), torch.tpu.current_device()), (rank, int(os.environ["LOCAL_RANK"])))
     t = torch.ones(2, device=TPU)
     dist.all_reduce(t)
     if rank == 1:

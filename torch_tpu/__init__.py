@@ -31,6 +31,7 @@ def _register_backend() -> None:
     _native.set_runtime_callbacks(streams)  # the device guard's synchronize, events, memory info
     profiler.install()  # torch.profiler device rows (Kineto PrivateUse1 profiler)
     _native.set_init_callback(platform.count_for_torch)
+    device_module._start_on_own_device()  # torchrun's LOCAL_RANK: tpu:{LOCAL_RANK} is this process's device
     if hasattr(_native, "set_resize_callback"):  # a shim built before storage resize_ support lacks it
         _native.set_resize_callback(storage.resized)
     kernels.register_fallback()

@@ -74,13 +74,19 @@ def is_available() -> bool:
 
 
 def device_count() -> int:
-    return len(_runtime().devices)
+    from torch_tpu.runtime import platform
+
+    if _in_bad_fork:
+        _runtime()  # the fork error
+    return platform.count_for_torch()  # a launched process: LOCAL_WORLD_SIZE, without starting JAX
 
 
-def _index(device=None) -> int:
+def _index(device=None, owned: bool = True) -> int:
+    """The tpu index `device` names; in a launched process (one per device) it must be this
+    process's own (`owned=False`: any index in range, for per-index tables like the generators)."""
     if device is None:
-        return current_device()
-    if isinstance(device, int):
+        index = current_device()
+    elif isinstance(device, int):
         index = device
     else:
         device = torch.device(device)
@@ -90,7 +96,25 @@ def _index(device=None) -> int:
     count = device_count()
     if not 0 <= index < count:
         raise RuntimeError(f"Invalid device 'tpu:{index}': torch.tpu.device_count() is {count}")
+    if owned:
+        from torch_tpu.runtime import local_device
+
+        a = local_device.assignment()
+        if a is not None and index != a.index:
+            raise RuntimeError(local_device.not_owned_message(index, a))
     return index
+
+
+def _start_on_own_device() -> None:
+    """A launched process (torchrun: LOCAL_RANK) starts on tpu:{LOCAL_RANK}, its one device (no JAX start)."""
+    from torch_tpu.runtime import local_device
+
+    try:
+        a = local_device.assignment()
+    except RuntimeError:  # a malformed LOCAL_RANK: reported when the device is used, not at `import torch`
+        return
+    if a is not None and a.index != 0:
+        _native.set_device(a.index)
 
 
 def current_device() -> int:
@@ -123,8 +147,13 @@ class device:
 def synchronize(device=None) -> None:
     """Wait until every queued computation on the device has finished (DeferAndFuse: runs what is recorded)."""
     from torch_tpu import streams
+    from torch_tpu.runtime import local_device
 
-    streams.synchronize(_index(device))
+    index = _index(device, owned=False)
+    a = local_device.assignment()
+    if a is not None and index != a.index:
+        return  # another process's device: nothing of this process runs there (CUDA allows the call too)
+    streams.synchronize(index)
 
 
 # ------------------------------------------------------------------ RNG
@@ -132,7 +161,7 @@ class _DefaultGenerators:
     """`torch.tpu.default_generators[i]`: the default generator of each device."""
 
     def __getitem__(self, index: int) -> torch.Generator:
-        return _native.default_generator(_index(index))
+        return _native.default_generator(_index(index, owned=False))
 
     def __len__(self) -> int:
         return device_count()

@@ -100,7 +100,7 @@ def _check_with_xla(options: tuple) -> None:
 
     from torch_tpu.runtime import platform
 
-    sharding = platform.get().shardings[0]  # the platform the programs compile for
+    sharding = jax.sharding.SingleDeviceSharding(platform.process_device())  # the platform the programs compile for
     probe = jax.ShapeDtypeStruct((), jnp.float32, sharding=sharding)
     try:
         jax.jit(lambda x: x + 1, out_shardings=sharding).lower(probe).compile(compiler_options=dict(options))

@@ -83,9 +83,10 @@ def start(store, rank: int, world_size: int, timeout: datetime.timedelta) -> Non
     )
     _started["world"] = (rank, world_size)
     rt = platform.get()
-    if len(rt.devices) != 1:
+    count = platform.physical_device_count()  # a launched process's tpu indices all name its one device
+    if count != 1:
         raise RuntimeError(
-            f"tpu_dist: this process sees {len(rt.devices)} local {rt.platform} devices; tpu_dist runs one "
+            f"tpu_dist: this process sees {count} local {rt.platform} devices; tpu_dist runs one "
             "process per device (on a TPU host give each process one chip, e.g. TPU_VISIBLE_CHIPS / "
             "TPU_PROCESS_BOUNDS, or launch with torchrun --nproc-per-node=<chips>)"
         )
@@ -104,6 +105,6 @@ def global_devices() -> list:
 
     platform.get()
     if _started.get("world", (0, 1))[1] == 1:
-        return [platform.get().devices[0]]
+        return [platform.process_device()]
     devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
     return devices

@@ -61,10 +61,15 @@ metrics.add_section("distributed (tpu_dist)", _report)
 
 
 def _op_name(op) -> str:
+    if getattr(op, "op", None) == ReduceOp.RedOpType.PREMUL_SUM:  # sum of factor * x (FSDP2's gradient divide)
+        factor = op.factor
+        if not isinstance(factor, float):
+            raise ValueError("tpu_dist supports ReduceOp.PREMUL_SUM with a Python float factor only")
+        return "sum" if factor == 1.0 else f"premul_sum*{factor!r}"
     for known, name in _OPS.items():
         if op == known:
             return name
-    raise ValueError(f"tpu_dist does not support reduce op {op} (supported: sum, avg, min, max, product)")
+    raise ValueError(f"tpu_dist does not support reduce op {op} (supported: sum, avg, min, max, product, premul_sum)")
 
 
 class CollectiveTimeoutError(dist.DistBackendError):
@@ -87,7 +92,7 @@ def _local(t: torch.Tensor):
         t = torch.view_as_real(t)
     array = transfer.dense_array(t, flat=True) if t.numel() else None
     if array is None:
-        return programs.zeros(t.numel(), _jax_dtype(t.dtype), platform.get().devices[0])
+        return programs.zeros(t.numel(), _jax_dtype(t.dtype), platform.process_device())
     return array
 
 
@@ -682,7 +687,7 @@ class ProcessGroupTPU(dist.ProcessGroup):
     def _all_to_all_split(self, output, input, out_counts, in_counts, _):
         """Uneven all_to_all: every chunk padded to the largest one of any rank, then one all_to_all."""
         chunk = int(self._host_max(max(in_counts + out_counts)))
-        device = platform.get().devices[0]
+        device = platform.process_device()
         src = _local(input)
         # Gather indices on the host: chunk j of the send buffer, padded with the zero at the end.
         index = np.full((self._size, chunk), src.shape[0], dtype=np.int64)
@@ -705,7 +710,7 @@ class ProcessGroupTPU(dist.ProcessGroup):
 
     def _host_max(self, value: int) -> int:
         """max(value) over the group's ranks, on the host (one small collective program)."""
-        device = platform.get().devices[0]
+        device = platform.process_device()
         block = jax.device_put(np.array([value], dtype=np.int64), device)
         self._flush_p2p()
         self._seq += 1

@@ -81,7 +81,15 @@ def _one_from(x, src: int):
     return _from_bits(lax.psum(jnp.where(mine, bits, jnp.zeros_like(bits)), AXIS), x.dtype)
 
 
+def _premul(x, op: str):
+    """PREMUL_SUM ("premul_sum*<factor>"): every rank's value times the factor, then a sum."""
+    if not op.startswith("premul_sum*"):
+        return x, op
+    return (x * jnp.asarray(float(op.split("*", 1)[1]), x.dtype)), "sum"
+
+
 def _reduce(x, op: str, size: int):
+    x, op = _premul(x, op)
     dtype = x.dtype
     if dtype == jnp.bool_:  # PyTorch reduces bools as logical or (sum/max) / and (product/min)
         as_int = x.astype(jnp.int32)
@@ -121,18 +129,19 @@ def _block_fn(kind: str, params: tuple, size: int):
         def reduce_scatter(*xs):
             outs = []
             for x in xs:
-                if op == "sum" and x.dtype not in (jnp.bool_, jnp.bfloat16, jnp.float16):
+                x, op_ = _premul(x, op)
+                if op_ == "sum" and x.dtype not in (jnp.bool_, jnp.bfloat16, jnp.float16):
                     outs.append(lax.psum_scatter(x, AXIS, tiled=True))
                     continue
-                if op in ("sum", "avg") and x.dtype in (jnp.bfloat16, jnp.float16):
+                if op_ in ("sum", "avg") and x.dtype in (jnp.bfloat16, jnp.float16):
                     y = lax.psum_scatter(x.astype(jnp.float32), AXIS, tiled=True)
-                    outs.append((y / size if op == "avg" else y).astype(x.dtype))
+                    outs.append((y / size if op_ == "avg" else y).astype(x.dtype))
                     continue
-                if op == "avg":
+                if op_ == "avg":
                     outs.append(lax.psum_scatter(x, AXIS, tiled=True) / size)
                     continue
                 m = x.shape[0] // size
-                whole = _reduce(x, op, size)
+                whole = _reduce(x, op_, size)
                 outs.append(lax.dynamic_slice(whole, (lax.axis_index(AXIS) * m,), (m,)))
             return tuple(outs)
 

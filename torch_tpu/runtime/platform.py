@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from torch_tpu import _native
 from torch_tpu.config import config
+from torch_tpu.runtime import local_device
 
 _lock = threading.RLock()
 _state: "Runtime | None" = None
@@ -35,7 +36,7 @@ class Runtime:
 
     @property
     def device_kind(self) -> str:
-        return self.devices[0].device_kind
+        return process_device(self).device_kind
 
 
 def set_num_cpu_devices(n: int) -> None:
@@ -60,20 +61,31 @@ def set_num_cpu_devices(n: int) -> None:
 def launched_per_device() -> bool:
     """Started by a distributed launcher (torchrun's RANK/WORLD_SIZE > 1): one device per process.
 
-    Then the device count is 1 before JAX starts, so PyTorch may ask it (init_process_group
-    does) without starting JAX before tpu_dist joins the multi-process runtime.
+    Then the device count (LOCAL_WORLD_SIZE, runtime/local_device.py) is known before JAX starts,
+    so PyTorch may ask it (init_process_group does) before tpu_dist joins the multi-process runtime.
     """
-    try:
-        return int(os.environ.get("WORLD_SIZE", "1")) > 1 and "RANK" in os.environ
-    except ValueError:
-        return False
+    return local_device.assignment() is not None
 
 
 def count_for_torch() -> int:
-    """The device count PyTorch's hooks see (1 without starting JAX in a launched process)."""
-    if _state is None and launched_per_device():
-        return 1
+    """The device count PyTorch's hooks see (without starting JAX in a launched process)."""
+    if _state is None:
+        a = local_device.assignment()
+        if a is not None:
+            return a.count
     return len(get().devices)
+
+
+def process_device(rt: "Runtime | None" = None):
+    """The jax device this process computes on by default: its own in a launched process, else tpu:0's."""
+    devices = (rt or get()).devices
+    return devices.own if isinstance(devices, local_device.OwnedSlots) else devices[0]
+
+
+def physical_device_count() -> int:
+    """Distinct local XLA devices (a launched process's tpu indices all name its one device)."""
+    devices = get().devices
+    return 1 if isinstance(devices, local_device.OwnedSlots) else len(devices)
 
 
 def is_initialized() -> bool:
@@ -100,7 +112,8 @@ def init() -> Runtime:
         if platform in ("cuda", "rocm"):
             platform = "gpu"
         n_cpu = _requested_cpu_devices or config.num_cpu_devices
-        if launched_per_device():  # one process per device (tpu_dist)
+        assignment = local_device.assignment()
+        if assignment is not None:  # one process per device (tpu_dist)
             n_cpu = 1
         if n_cpu is not None and (platform in (None, "cpu")):
             try:
@@ -126,10 +139,21 @@ def init() -> Runtime:
             )
         from jax.sharding import SingleDeviceSharding
 
+        shardings = tuple(SingleDeviceSharding(d) for d in devices)
+        if assignment is not None:  # tpu:{LOCAL_RANK} is this process's one device
+            if len(devices) != 1:
+                raise RuntimeError(
+                    f"tpu_dist: this process sees {len(devices)} local {devices[0].platform} devices; tpu_dist "
+                    "runs one process per device (on a TPU host give each process one chip, e.g. "
+                    "TPU_VISIBLE_CHIPS / TPU_PROCESS_BOUNDS, or launch with torchrun --nproc-per-node=<chips>)"
+                )
+            local_device.claim(assignment)
+            devices = local_device.OwnedSlots(devices[0], assignment)
+            shardings = local_device.OwnedSlots(shardings[0], assignment)
         state = Runtime(
-            platform=devices[0].platform if platform != "gpu" else "gpu",
+            platform=next(iter(devices)).platform if platform != "gpu" else "gpu",
             devices=devices,
-            shardings=tuple(SingleDeviceSharding(d) for d in devices),
+            shardings=shardings,
         )
         for index, device in enumerate(devices):
             _native.set_memory_limit(index, _memory_limit(device))
