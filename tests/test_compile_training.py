@@ -29,6 +29,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def _fresh_dynamo_highest():
     torch._dynamo.reset()
     counters.clear()
+    torch_tpu.compile.stats.reset()  # the eager_graphs == 0 checks count this test's graphs only
     previous = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("highest")
     yield
