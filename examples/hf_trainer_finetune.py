@@ -46,7 +46,7 @@ def main():
     out = tempfile.mkdtemp(prefix="hf-trainer-")
     model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir(out))
     targs = TrainingArguments(output_dir=out, max_steps=args.steps, per_device_train_batch_size=8,
-                              gradient_accumulation_steps=2, learning_rate=3e-3, logging_steps=5,
+                              gradient_accumulation_steps=2, learning_rate=3e-3, logging_steps=min(5, max(1, args.steps // 2)),
                               save_steps=args.steps // 2, report_to=[], bf16=args.bf16, disable_tqdm=True)
     trainer = Trainer(model=model, args=targs, train_dataset=CountingData())
     print(f"training on {targs.device}")
