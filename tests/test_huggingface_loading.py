@@ -91,6 +91,26 @@ def test_weights_land_on_tpu_with_no_cpu_copy_alive(saved):
     assert len(cpu_left) >= len(list(cpu_model.parameters()))
 
 
+def _net_cpu_bytes_of_load(path, device_map):
+    """Bytes the CPU allocator handed out during a load and did not get back (torch.profiler's
+    memory accounting: sees storages held from C++ too, which the gc scan cannot)."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    with torch.profiler.profile(activities=activities, profile_memory=True) as prof:
+        model = _load(path, device_map=device_map)
+    return model, sum(e.self_cpu_memory_usage for e in prof.key_averages())
+
+
+def test_load_onto_tpu_keeps_no_cpu_allocation(saved):
+    path, expected = saved
+    model, net = _net_cpu_bytes_of_load(path, "tpu")
+    _assert_bit_exact(model, expected)
+    smallest = min(p.numel() * p.element_size() for p in model.parameters())
+    assert net < smallest, net
+    # The accounting sees a load that stays on CPU: every weight's bytes.
+    cpu_model, cpu_net = _net_cpu_bytes_of_load(path, "cpu")
+    assert cpu_net >= sum(p.numel() * p.element_size() for p in cpu_model.parameters())
+
+
 @pytest.mark.parametrize("sequential", [False, True], ids=["threaded", "sequential"])
 def test_threaded_and_sequential_loading_bit_exact(saved, sequential, monkeypatch):
     path, expected = saved
