@@ -36,7 +36,7 @@ from torch.futures import Future
 
 from torch_tpu.distributed import bootstrap, programs, spmd
 from torch_tpu import metrics
-from torch_tpu.runtime import dtypes, platform, storage
+from torch_tpu.runtime import dtypes, local_device, platform, storage
 
 log = logging.getLogger("torch_tpu.distributed")
 
@@ -780,6 +780,50 @@ class ProcessGroupTPU(dist.ProcessGroup):
 
     def _get_backend(self, device):
         return self
+
+    # `init_process_group(device_id=...)` (eager init) and `split_group` ask the group's backend
+    # for these. A tpu_dist group is a set of XLA devices, not a communicator: connecting binds the
+    # process's own device, and a split is a new group over the member ranks (nothing to split on
+    # the other ranks).
+    @property
+    def supports_splitting(self) -> bool:
+        return True
+
+    @property
+    def options(self):
+        return None  # no backend options (split_group copies its parent's)
+
+    def eager_connect_single_device(self, device) -> None:
+        """Bind `device` (init_process_group's device_id): it must be this process's own tpu device."""
+        device = torch.device(device)
+        mine = local_device.assignment()
+        if device.type != "tpu" or (mine is not None and device.index != mine.index):
+            own = f"tpu:{mine.index}" if mine is not None else "a tpu device"
+            raise ValueError(f"tpu_dist: init_process_group(device_id={device}) on rank {self._rank}: this process's "
+                             f"device is {own} (a launched process's device is tpu:LOCAL_RANK)")
+        self.bound_device_id = device
+
+    def perform_nocolor_split(self, device) -> None:
+        return None  # a rank outside a new group builds nothing
+
+    def split_group(self, ranks, timeout=None, opts=None, group_name=None, group_desc=None, device_types=None):
+        """`dist.split_group`'s split: the group over `ranks` (ranks of this group); None off it."""
+        ranks = sorted(ranks)
+        if self._rank not in ranks:
+            return None
+        timeout = self._timeout if timeout is None else timeout
+        store = dist.PrefixStore(f"{group_name}/", self._store)
+        group = ProcessGroupTPU(store, ranks.index(self._rank), len(ranks), timeout,
+                                [self._global_ranks[r] for r in ranks])
+        group._set_group_name(group_name or "")
+        group._set_group_desc(group_desc or "")
+        return group
+
+    def get_group_store(self):
+        return self._store
+
+    def _set_sequence_number_for_group(self) -> None:
+        return None  # collectives count their own sequence (self._seq)
 
     def _wait_for_pending_works(self):
         return None
