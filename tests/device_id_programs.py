@@ -1,4 +1,7 @@
-"""`init_process_group("tpu_dist", device_id=...)` and `split_group`, one process per rank (tests/test_device_id.py).
+"""Launched-process device programs, one process per rank (tests/test_device_id.py).
+
+`bound`: `init_process_group("tpu_dist", device_id=...)` and `split_group`. `doctor`: `torch-tpu doctor`'s
+device checks in a launched process use its own device (tpu:LOCAL_RANK).
 
 `python tests/device_id_programs.py NAME` with torchrun's environment. Each check compares with values
 this rank computes on CPU from every rank's inputs; a failed check raises (nonzero exit).
@@ -69,5 +72,20 @@ def bound() -> None:
     print("CHECKS bound", flush=True)
 
 
+def doctor() -> None:
+    from torch_tpu import cli_doctor
+
+    local = int(os.environ["LOCAL_RANK"])
+    results = [cli_doctor.check_platform(), cli_doctor.check_op(), cli_doctor.check_compile()]
+    if local == 1:  # its one-process tpu_dist child must be a job of its own (not this job's rank 1 again)
+        results.append(cli_doctor.check_dist())
+    for result in results:
+        assert result.status == cli_doctor.OK, str(result)
+    if local:
+        assert f"this process's is tpu:{local}" in results[0].detail, results[0].detail
+    print("CHECKS doctor", flush=True)
+
+
 if __name__ == "__main__":
-    globals()[sys.argv[1]]()
+    for part in sys.argv[1].split("+"):  # several programs in one launch share the start-up
+        globals()[part]()

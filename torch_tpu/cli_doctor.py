@@ -47,7 +47,8 @@ def check_platform() -> Result:
 
     try:
         count = torch.tpu.device_count()
-        props = torch.tpu.get_device_properties(0)
+        own = torch.tpu.current_device()  # a launched process's is tpu:{LOCAL_RANK}: the others are not its own
+        props = torch.tpu.get_device_properties(own)
     except Exception as err:
         return Result(PROBLEM, "platform", f"no XLA platform could start ({type(err).__name__}: {err})",
                       "install jax and jaxlib (pip install 'jax[tpu]' on a TPU VM; the CPU wheels elsewhere) "
@@ -55,6 +56,8 @@ def check_platform() -> Result:
     from torch_tpu.config import config
 
     detail = f"{props.platform} ({props.name}), {count} device{'s' if count != 1 else ''}"
+    if own != 0:
+        detail += f", this process's is tpu:{own}"
     if config.platform in (None, "tpu") and props.platform == "cpu":
         detail += "; no TPU or GPU found, running on XLA:CPU (TPU-faithful numerics, CPU speed)"
     return Result(OK, "platform", detail)
@@ -80,6 +83,7 @@ def check_op() -> Result:
 def check_compile() -> Result:
     import jax
     import jax.numpy as jnp
+    import torch
 
     from torch_tpu import cache
     from torch_tpu.eager import program
@@ -92,10 +96,11 @@ def check_compile() -> Result:
 
     try:
         runtime = platform.get()
-        x = jax.device_put(jnp.arange(4, dtype=jnp.float32), runtime.devices[0])
+        own = torch.tpu.current_device()
+        x = jax.device_put(jnp.arange(4, dtype=jnp.float32), runtime.devices[own])
         start = time.perf_counter()
         with cache.configured(enabled=False):  # a real compile, not a cache entry per doctor run
-            executable = program.compile_function(probe, runtime.shardings[0], (x,))
+            executable = program.compile_function(probe, runtime.shardings[own], (x,))
         seconds = time.perf_counter() - start
         got = jax.device_get(executable(x))
     except Exception as err:
@@ -238,6 +243,10 @@ _DIST_SCRIPT = textwrap.dedent("""
 """)
 
 
+_LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
+                  "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
 def check_dist() -> Result:
     if not _has("torch_tpu.distributed"):
         return Result(SKIP, "tpu_dist", "the tpu_dist backend (torch_tpu.distributed) is not in this build")
@@ -246,9 +255,12 @@ def check_dist() -> Result:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    # The child is a one-process job of its own: a launcher's variables (this doctor run under
+    # torchrun) would make it one rank of this job, claiming this process's device.
+    env = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_VARS and not k.startswith("TORCHELASTIC_")}
     try:
         done = subprocess.run([sys.executable, "-c", _DIST_SCRIPT % port], capture_output=True, text=True,
-                              timeout=180)
+                              timeout=180, env=env)
     except subprocess.TimeoutExpired:
         return Result(PROBLEM, "tpu_dist", "a one-process init_process_group did not finish in 180 s",
                       "check that 127.0.0.1 is reachable (firewall) and MASTER_ADDR/MASTER_PORT are not set to a "
