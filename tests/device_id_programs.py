@@ -60,6 +60,18 @@ def bound() -> None:
     only0 = dist.split_group(split_ranks=[[0]])
     assert (only0 is None) == (rank != 0), only0
 
+    # DeviceMesh over a bound default group builds each dimension's groups with split_group
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("tpu", (1, world), mesh_dim_names=("dp", "tp"))
+    assert mesh["dp"].size() == 1 and mesh["tp"].size() == world
+    t = values(rank).to(device)
+    dist.all_reduce(t, group=mesh["tp"].get_group())
+    torch.testing.assert_close(t.cpu(), sum(values(r) for r in range(world)), rtol=0, atol=0)
+    t = values(rank).to(device)
+    dist.all_reduce(t, group=mesh["dp"].get_group())
+    torch.testing.assert_close(t.cpu(), values(rank), rtol=0, atol=0)
+
     # binding another process's device is refused, naming this process's own
     other = torch.device("tpu", (local + 1) % world)
     try:
