@@ -33,6 +33,10 @@ _NUMBERS = (int, float, bool, complex)
 # Factories whose values are never read before being written: a zero buffer of their layout.
 EMPTY = {aten.empty.memory_format, aten.empty_strided.default, aten.new_empty.default,
           aten.new_empty_strided.default, aten.empty_like.default}
+# Views that only set a tensor's conjugate or negative bit: a program's ops read values, not bits, so
+# in a (functional) graph each is its physical op, a fresh value (AOTAutograd's complex-mul backward
+# takes `_conj` of an input; as a plain view the conjugation was lost).
+BIT_VIEWS = {aten._conj.default: aten._conj_physical.default, aten._neg_view.default: aten.neg.default}
 
 
 class Unsupported(Exception):
@@ -233,6 +237,8 @@ class Plan:
             slot = self._new_slot(meta.dtype, meta.untyped_storage().nbytes())
             self.zero_slots.append(slot)
             return Value(slot, meta)
+        if target in BIT_VIEWS:
+            target = BIT_VIEWS[target]
         lowering = registry.get(target)
         via_functional = False
         if lowering is None:
