@@ -46,8 +46,12 @@ def launched(flag, op: str, results) -> None:
     """A strict program ran: `flag` is its error flag, `results` the arrays it produced."""
     from torch_tpu.eager import defer  # noqa: PLC0415  (defer imports the executor, which imports this module)
 
-    entry = (flag, [(op, defer._user_frame(), _refs(results))])
     counts["checked ops"] += 1
+    _enqueue((flag, [(op, defer._user_frame(), _refs(results))]))
+
+
+def _enqueue(entry) -> None:
+    """Debug raises at the op; otherwise the flag waits for the next materialization point."""
     if config.launch_blocking:
         _raise_first([entry])
         return
@@ -71,13 +75,7 @@ def launched_graph(flags, ops: list, results) -> None:
 
     where = defer._user_frame()  # the line that called the compiled function
     counts["checked ops"] += len(ops)
-    entry = (flags, [(f"{op} (in a torch.compile graph)", where, _refs(results)) for op in ops])
-    if config.launch_blocking:
-        _raise_first([entry])
-        return
-    with _lock:
-        _pending.append(entry)
-        storage.set_check(check)
+    _enqueue((flags, [(f"{op} (in a torch.compile graph)", where, _refs(results)) for op in ops]))
 
 
 def pending() -> int:
