@@ -17,20 +17,11 @@ from torch_tpu.ops.registry import aten, lowers
 def _adam(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, lr, beta1, beta2, weight_decay, eps,
           amsgrad, maximize, grad_scale, found_inf, decoupled):
     new_p, new_g, new_m, new_v, new_max = [], [], [], [], []
-    skip = None if found_inf is None else jnp.reshape(found_inf, ()) != 0
     for i, (p, g, m, v, step) in enumerate(zip(params, grads, exp_avgs, exp_avg_sqs, steps)):
-        opmath = jnp.float32 if p.dtype in (jnp.bfloat16, jnp.float16) else p.dtype
-        p32, g32, m32, v32 = (x.astype(opmath) for x in (p, g, m, v))
-        if grad_scale is not None:
-            g32 = g32 / jnp.reshape(grad_scale, ()).astype(opmath)
-        stored_grad = g32.astype(g.dtype)
-        if maximize:
-            g32 = -g32
-        if weight_decay != 0:
-            if decoupled:
-                p32 = p32 * (1 - lr * weight_decay)
-            else:
-                g32 = g32 + weight_decay * p32
+        opmath, p32, g32, stored_grad = _gradient(p, g, grad_scale, maximize, 0 if decoupled else weight_decay)
+        if decoupled and weight_decay != 0:
+            p32 = p32 * (1 - lr * weight_decay)
+        m32, v32 = m.astype(opmath), v.astype(opmath)
         m32 = m32 + (g32 - m32) * (1 - beta1)
         v32 = v32 * beta2 + (1 - beta2) * g32 * g32
         step = jnp.reshape(step, ()).astype(opmath)
@@ -45,9 +36,8 @@ def _adam(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, lr, beta
             if i < len(max_exp_avg_sqs):
                 new_max.append(max_exp_avg_sqs[i])
         p32 = p32 - (lr / bias1) * m32 / denom
-        out = (p32.astype(p.dtype), stored_grad, m32.astype(m.dtype), v32.astype(v.dtype))
-        if skip is not None:
-            out = tuple(jnp.where(skip, old, new) for old, new in zip((p, g, m, v), out))
+        out = _skipped(found_inf, (p, g, m, v),
+                       (p32.astype(p.dtype), stored_grad, m32.astype(m.dtype), v32.astype(v.dtype)))
         for lst, x in zip((new_p, new_g, new_m, new_v), out):
             lst.append(x)
     return new_p, new_g, new_m, new_v, new_max
@@ -86,9 +76,19 @@ def fused_adam_tensor_lr(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, 
                  weight_decay, eps, amsgrad, maximize, grad_scale, found_inf, decoupled=False)
 
 
-def _unscaled(g, grad_scale, opmath):
-    g32 = g.astype(opmath)
-    return g32 if grad_scale is None else g32 / jnp.reshape(grad_scale, ()).astype(opmath)
+def _gradient(p, g, grad_scale, maximize, weight_decay):
+    """Every fused step's prologue: (opmath dtype, p in it, the gradient in it unscaled, negated for
+    maximize and with L2 weight decay added, the unscaled gradient as the kernel stores it back)."""
+    opmath = jnp.float32 if p.dtype in (jnp.bfloat16, jnp.float16) else p.dtype
+    p32, g32 = p.astype(opmath), g.astype(opmath)
+    if grad_scale is not None:
+        g32 = g32 / jnp.reshape(grad_scale, ()).astype(opmath)
+    stored_grad = g32.astype(g.dtype)
+    if maximize:
+        g32 = -g32
+    if weight_decay != 0:
+        g32 = g32 + weight_decay * p32
+    return opmath, p32, g32, stored_grad
 
 
 def _skipped(found_inf, old, new):
@@ -104,14 +104,7 @@ def fused_sgd(params, grads, momentum_buffer_list, weight_decay, momentum, lr, d
               is_first_step, grad_scale=None, found_inf=None):
     new_p, new_g, new_buf = [], [], []
     for i, (p, g) in enumerate(zip(params, grads)):
-        opmath = jnp.float32 if p.dtype in (jnp.bfloat16, jnp.float16) else p.dtype
-        p32 = p.astype(opmath)
-        g32 = _unscaled(g, grad_scale, opmath)
-        stored_grad = g32.astype(g.dtype)
-        if maximize:
-            g32 = -g32
-        if weight_decay != 0:
-            g32 = g32 + weight_decay * p32
+        opmath, p32, g32, stored_grad = _gradient(p, g, grad_scale, maximize, weight_decay)
         old, new = [p, g], [None, stored_grad]
         if momentum != 0:
             buf = momentum_buffer_list[i]
@@ -138,14 +131,8 @@ def _adagrad(params, grads, state_sums, state_steps, lr, lr_decay, weight_decay,
              found_inf):
     new_p, new_g, new_s = [], [], []
     for p, g, s, step in zip(params, grads, state_sums, state_steps):
-        opmath = jnp.float32 if p.dtype in (jnp.bfloat16, jnp.float16) else p.dtype
-        p32, s32 = p.astype(opmath), s.astype(opmath)
-        g32 = _unscaled(g, grad_scale, opmath)
-        stored_grad = g32.astype(g.dtype)
-        if maximize:
-            g32 = -g32
-        if weight_decay != 0:
-            g32 = g32 + weight_decay * p32
+        opmath, p32, g32, stored_grad = _gradient(p, g, grad_scale, maximize, weight_decay)
+        s32 = s.astype(opmath)
         clr = lr / (1 + (jnp.reshape(step, ()).astype(opmath) - 1) * lr_decay)
         s32 = s32 + g32 * g32
         p32 = p32 - clr * g32 / (jnp.sqrt(s32) + eps)
