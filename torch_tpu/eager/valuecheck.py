@@ -136,8 +136,19 @@ def _lose(results: list, message: str) -> None:
             any_lost = True
 
 
-# Whether any storage was ever marked lost here: the executor checks its inputs only then.
+# Whether any storage was ever marked lost here: the executor checks its inputs only then (and the
+# native DeferAndFuse recorder hands every op to Python while it is set).
 any_lost = False
+
+
+def _refresh_any_lost() -> bool:
+    """Recompute `any_lost` from the live storages (it stays set after the lost tensors are freed; this
+    scan is O(storages), so it is not on the materialization path: see the stop note on issue 18)."""
+    from torch_tpu.eager.defer import Lost  # noqa: PLC0415
+
+    global any_lost
+    any_lost = any(type(entry[0]) is Lost for entry in list(storage.buffers.values()))
+    return any_lost
 
 
 def raise_if_lost(slot_entries) -> None:
