@@ -141,12 +141,14 @@ def test_graph_hook_for_torch_compile(explain, capfd):
     recompiles.graph_compiled("forward", [torch.ones(2, 5), 4], where=("model.py", 10, "f"))
     recompiles.graph_compiled("forward", [torch.ones(2, 5), 5], where=("model.py", 10, "f"))
     recompiles.graph_compiled("forward", [torch.ones(2, 5).t(), 5], where=("model.py", 10, "f"))
+    recompiles.graph_compiled("forward", [torch.ones(5, 2, dtype=torch.bfloat16), 5], where=("model.py", 10, "f"))
     err = capfd.readouterr().err
+    assert "because input 0 dtype: torch.float32 -> torch.bfloat16" in err, err
     assert "forward at model.py:10 (f): compile #2 of this site because input 0 size[1]: 3 -> 5" in err
     assert "because static input 1: 4 -> 5" in err
     assert "input 0 shape (rank)" not in err and "input 0 size[0]: 2 -> 5" in err
     site = recompiles.summary()[0]
-    assert site["kind"] == "graph" and site["recompiles"] == 3
+    assert site["kind"] == "graph" and site["recompiles"] == 4
 
 
 def test_compiled_graph_recompile_is_explained(explain, capfd):

@@ -474,7 +474,7 @@ def diff_described(old: dict, new: dict) -> list[Change]:
             changes.append(Change(label, "structure", "absent" if a is None else "present",
                                   "absent" if b is None else "present"))
         elif a[0] == "T" and b[0] == "T":
-            if a[1] != b[1] and not shapes_changed:
+            if a[1] != b[1]:
                 changes.append(Change(f"{label} dtype", "dtype", a[1], b[1]))
             if len(a[2]) != len(b[2]):
                 changes.append(Change(f"{label} shape (rank)", "shape", list(a[2]), list(b[2])))
