@@ -9,6 +9,15 @@ alike; a round compares each setting's fastest step in it (load only adds time),
 is the median over rounds of those paired ratios (wall time per step, and process CPU time per
 step), with their spread (the rounds' 25th-75th percentiles). Only ratios
 from one run mean something.
+
+On a loaded machine a step's spread (tens of percent) hides a cost of a few percent, so the same
+workers also time the checked ops alone, where the cost is a large share of the time: a loop of
+iterations of the step's checked ops (a token embedding and a cross-entropy over the GPT's vocabulary)
+each followed by `torch.tpu.synchronize()` with their results alive, so both settings wait for them
+(and one flag read per iteration when on: more reads than a step,
+which reads its flags once, at `loss.item()`). The difference on - off per checked op, times the
+checked ops of a step, over the step's time without checks, bounds the share of a step that value
+checks cost, from measurements whose spread is small next to it.
 """
 from __future__ import annotations
 
@@ -40,15 +49,43 @@ def worker(model: str, mode: str, warmup: int) -> None:
         trainer.step()
     torch.tpu.synchronize()
     checked = valuecheck.counts["checked ops"] / warmup if warmup else 0
-    print(json.dumps({"ready": True, "checked_ops_per_step": checked}), flush=True)
+    checked_op = _checked_ops(trainer)
+    for _ in range(3):
+        checked_op()
+    before = valuecheck.counts["checked ops"]
+    checked_op()
+    per_iteration = valuecheck.counts["checked ops"] - before
+    print(json.dumps({"ready": True, "checked_ops_per_step": checked, "checked_ops_per_iteration": per_iteration}),
+          flush=True)
     for line in sys.stdin:
+        kind, n = line.split()
+        run = trainer.step if kind == "step" else checked_op
         walls, cpus = [], []
-        for _ in range(int(line)):
+        for _ in range(int(n)):
             start, cpu = time.perf_counter(), time.process_time()
-            trainer.step()
+            run()
             walls.append(time.perf_counter() - start)
             cpus.append(time.process_time() - cpu)
         print(json.dumps({"wall": walls, "cpu": cpus}), flush=True)
+
+
+def _checked_ops(trainer):
+    """One iteration of the step's checked ops on their own (the model's embedding, its batch), then a flag read."""
+    import torch
+    import torch.nn.functional as F
+
+    embedding = next(m for m in trainer.model.modules() if isinstance(m, torch.nn.Embedding))
+    weight, ids = embedding.weight.detach(), trainer.batch[0]
+    logits = torch.randn(ids.numel(), embedding.num_embeddings, device="tpu")
+
+    def iteration():
+        outputs = (F.embedding(ids, weight), F.cross_entropy(logits, ids.flatten()))
+        # Waits for both (they are alive) in either setting, and reads the pending flags when on
+        # (a step reads its flags once, at loss.item()).
+        torch.tpu.synchronize()
+        return outputs
+
+    return iteration
 
 
 class _Worker:
@@ -67,8 +104,8 @@ class _Worker:
             raise RuntimeError(f"worker failed (rc {self.process.returncode}): {self.process.stderr.read()[-3000:]}")
         return json.loads(line)
 
-    def steps(self, n: int) -> dict:
-        self.process.stdin.write(f"{n}\n")
+    def steps(self, n: int, kind: str = "step") -> dict:
+        self.process.stdin.write(f"{kind} {n}\n")
         self.process.stdin.flush()
         return self._read()
 
@@ -107,10 +144,37 @@ def measure(mode: str, args, cache: str) -> dict:
             row[f"{key}_ratio_iqr"] = _quartiles(rounds[key])
         row["checked_ops_per_step"] = workers["on"].ready["checked_ops_per_step"]
         row["rounds"] = args.rounds
+        row.update(_checked_op_cost(workers, args, row))
         return row
     finally:
         for w in workers.values():
             w.close()
+
+
+def _checked_op_cost(workers, args, row) -> dict:
+    """Extra time per checked op (on - off, ABBA turns of `--op-iterations`) and its share of a step."""
+    per_iteration = workers["on"].ready["checked_ops_per_iteration"]
+    if workers["off"].ready["checked_ops_per_iteration"] != 0 or per_iteration == 0:
+        raise RuntimeError(f"checked ops per iteration: on {per_iteration}, "
+                           f"off {workers['off'].ready['checked_ops_per_iteration']} (expected > 0 and 0)")
+    extra = {"wall": [], "cpu": []}
+    for r in range(args.rounds):
+        order = ("on", "off", "off", "on") if r % 2 == 0 else ("off", "on", "on", "off")
+        turns = {"on": {"wall": [], "cpu": []}, "off": {"wall": [], "cpu": []}}
+        for setting in order:
+            got = workers[setting].steps(args.op_iterations, "op")
+            for key in ("wall", "cpu"):
+                turns[setting][key] += got[key]
+        for key in ("wall", "cpu"):
+            # Medians of many short iterations per turn: the difference of two medians seconds apart.
+            diff = statistics.median(turns["on"][key]) - statistics.median(turns["off"][key])
+            extra[key].append(diff / per_iteration)
+    out = {"checked_ops_per_iteration": per_iteration}
+    for key in ("wall", "cpu"):
+        out[f"op_extra_{key}"] = statistics.median(extra[key])
+        out[f"op_extra_{key}_iqr"] = _quartiles(extra[key])
+        out[f"op_share_{key}"] = out[f"op_extra_{key}"] * row["checked_ops_per_step"] / row["off"][key]
+    return out
 
 
 def main() -> dict:
@@ -120,6 +184,7 @@ def main() -> dict:
     parser.add_argument("--rounds", type=int, default=8, help="ABBA rounds per mode (each: 4 turns)")
     parser.add_argument("--steps", type=int, default=3, help="training steps per turn")
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--op-iterations", type=int, default=50, help="checked-op iterations per turn")
     parser.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -135,6 +200,11 @@ def main() -> dict:
                   f"(rounds' IQR {wl:.3f}-{wh:.3f}), x{row['cpu_ratio']:.3f} CPU ({cl:.3f}-{ch:.3f}); "
                   f"{row['checked_ops_per_step']:.0f} checked ops per step; median of {args.rounds} paired ABBA "
                   f"rounds of {args.steps} steps per turn (fastest step per setting and round)", flush=True)
+            (el, eh) = row["op_extra_wall_iqr"]
+            print(f"{args.model} {mode}: a checked op costs {row['op_extra_wall'] * 1e6:+.1f} us wall "
+                  f"(rounds' IQR {el * 1e6:+.1f} to {eh * 1e6:+.1f}), {row['op_extra_cpu'] * 1e6:+.1f} us CPU with checks "
+                  f"on; x {row['checked_ops_per_step']:.0f} per step = {row['op_share_wall'] * 100:.3f}% of a step's wall "
+                  f"time, {row['op_share_cpu'] * 100:.3f}% of its CPU time (target < 3%)", flush=True)
     return results
 
 
