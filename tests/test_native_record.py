@@ -3,7 +3,6 @@
 Counters are asserted (`ops_recorded_python` counts the ops the Python recorder took), never
 time; every value is compared against PyTorch on CPU.
 """
-import gc
 import threading
 
 import pytest
@@ -12,14 +11,6 @@ import torch
 import torch_tpu
 from torch_tpu import _native, metrics
 from torch_tpu.eager import defer, valuecheck
-
-
-@pytest.fixture(autouse=True)
-def _no_lost_storage_left_by_earlier_tests():
-    """A value-check failure in an earlier test of this process leaves `any_lost` set, which sends every
-    op to the Python recorder; once its tensors are freed the flag is recomputed from the live storages."""
-    gc.collect()
-    assert not valuecheck._refresh_any_lost(), "a lost storage is still alive"
 
 
 def _mlp_step(model, opt, x, y):
@@ -128,3 +119,26 @@ def test_a_thread_waits_for_the_graph_lock():
         worker.join(timeout=60)
         assert not worker.is_alive()
     torch.testing.assert_close(out["y"], torch.full((8,), 3.0))
+
+
+def test_recording_is_native_again_once_the_lost_tensor_is_freed():
+    """A failed value check marks its result lost, which sends ops to the Python recorder (it raises for
+    lost inputs); freeing that tensor clears the flag by itself, and the next ops record natively."""
+    x = torch.arange(16.0, device="tpu").reshape(4, 4)
+    index = torch.tensor([[9]], device="tpu")
+    with torch_tpu.defer_and_fuse():
+        (x * 2).cpu()  # the signature is seen
+        with pytest.raises(RuntimeError, match="out of bounds"):
+            out = torch.gather(x, 1, index)
+            out.cpu()
+        assert valuecheck.any_lost
+        before = metrics.counts.ops_recorded_python
+        (x * 2).cpu()
+        assert metrics.counts.ops_recorded_python == before + 1  # while `out` lives, the Python recorder
+        del out
+        before = metrics.counts.ops_recorded_python
+        results = [(x * 2).cpu() for _ in range(3)]
+        assert metrics.counts.ops_recorded_python == before, _native.defer_fallbacks()
+        assert not valuecheck.any_lost
+    for result in results:
+        torch.testing.assert_close(result, torch.arange(16.0).reshape(4, 4) * 2)

@@ -887,12 +887,45 @@ struct OutputLayout {
   py::object dtype;
 };
 
-// What a cache hit needs, converted once from `OpProgram.fast` (see executor.py).
-struct FastEntry {
+// What launching or recording a program needs from its Python plan (`OpProgram.fast` and
+// `OpProgram.record_plan()` begin alike: input slots, updated slots, slot dtypes, output layouts,
+// returns), converted once per byte key.
+struct ProgramPlan {
   std::vector<size_t> input_slots, updated_slots;
   std::vector<py::object> slot_dtypes;
   std::vector<OutputLayout> outputs;
+  size_t n_fresh = 0;  // defined outputs
   std::vector<std::array<int64_t, 3>> returns;  // (kind, a, b) as in run_cached
+};
+
+void read_plan(const py::tuple& f, ProgramPlan& plan) {
+  for (auto slot : f[0].cast<py::tuple>()) plan.input_slots.push_back(slot.cast<size_t>());
+  for (auto slot : f[1].cast<py::tuple>()) plan.updated_slots.push_back(slot.cast<size_t>());
+  for (auto dtype : f[2]) plan.slot_dtypes.push_back(py::reinterpret_borrow<py::object>(dtype));
+  for (auto layout : f[3]) {
+    OutputLayout out;
+    if (!layout.is_none()) {
+      py::tuple l = layout.cast<py::tuple>();
+      out.defined = true;
+      out.sizes = l[0].cast<std::vector<int64_t>>();
+      out.strides = l[1].cast<std::vector<int64_t>>();
+      out.dtype = l[2];
+      out.type = reinterpret_cast<THPDtype*>(out.dtype.ptr())->scalar_type;
+      plan.n_fresh += 1;
+    }
+    plan.outputs.push_back(std::move(out));
+  }
+  for (auto item : f[4]) {
+    py::tuple r = item.cast<py::tuple>();
+    plan.returns.push_back({r[0].cast<int64_t>(), r[1].cast<int64_t>(), r[2].cast<int64_t>()});
+  }
+}
+
+// Fresh tpu tensors in a plan's output layouts (undefined where an output is None).
+std::vector<at::Tensor> allocate_outputs(const std::vector<OutputLayout>& layouts, int device);
+
+// What a cache hit needs, converted once from `OpProgram.fast` (see executor.py).
+struct FastEntry : ProgramPlan {
   py::object executable;
 };
 
@@ -1181,13 +1214,8 @@ py::object user_where() {
 
 // What recording one signature needs, from `OpProgram.record_plan()`; `prog` is None when the
 // program must always be recorded by Python (out= resizes, non-tensor returns).
-struct DeferEntry {
+struct DeferEntry : ProgramPlan {
   py::object prog;
-  std::vector<size_t> input_slots, updated_slots;
-  std::vector<py::object> slot_dtypes;
-  std::vector<OutputLayout> outputs;
-  size_t n_fresh = 0;
-  std::vector<std::array<int64_t, 3>> returns;
 };
 
 struct BoxedKernel final : c10::OperatorKernel {
@@ -1230,9 +1258,9 @@ struct BoxedKernel final : c10::OperatorKernel {
     DeferLock lock;
     if (!lock.held) return fallback(kLocked);  // another thread records or flushes: wait for it in Python
     if (!PyObject_IsTrue(attr(d.config, d.s_defer_and_fuse).ptr())) return fallback(kModeChanged);
-    if (PyObject_IsTrue(attr(d.valuecheck, d.s_any_lost).ptr())) return fallback(kLostValues);  // Python raises
     py::dict buffers = py::reinterpret_borrow<py::dict>(k->buffers);
-    drain_into(buffers);
+    drain_into(buffers);  // first: dropping the last lost storage's buffer clears any_lost (valuecheck.py)
+    if (PyObject_IsTrue(attr(d.valuecheck, d.s_any_lost).ptr())) return fallback(kLostValues);  // Python raises
     KeyBuilder& b = key_builder();
     std::vector<py::object> slot_keys, slot_arrays;
     if (!build_key(args, buffers, slot_keys, slot_arrays)) return fallback(kArguments);
@@ -1271,20 +1299,7 @@ struct BoxedKernel final : c10::OperatorKernel {
     py::object where = user_where();
     // Fresh outputs first: an allocation failure (out of memory) leaves the graph as it was.
     const int device = b.device;
-    std::vector<at::Tensor> outs;
-    outs.reserve(e.outputs.size());
-    {
-      c10::DeviceGuard guard(Device(kTpu, static_cast<DeviceIndex>(device)));
-      for (const OutputLayout& layout : e.outputs) {
-        if (!layout.defined) {
-          outs.emplace_back();
-          continue;
-        }
-        outs.push_back(at::detail::empty_strided_generic(layout.sizes, layout.strides, &g_allocator,
-                                                         c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
-                                                         layout.type));
-      }
-    }
+    std::vector<at::Tensor> outs = allocate_outputs(e.outputs, device);
     py::object ext, ext_ids;
     for (size_t i = 0; i < n_in; ++i) {
       PyObject* value = slot_arrays[e.input_slots[i]].ptr();
@@ -1369,14 +1384,7 @@ struct BoxedKernel final : c10::OperatorKernel {
   }
 
   std::shared_ptr<DeferEntry> defer_entry(const std::vector<c10::IValue>& args, py::dict& buffers) {
-    Signature sig;
-    if (!build_signature(k->op, k->kinds, python_args(args), buffers, k->static_scalars, sig)) return nullptr;
-    py::object key = sig.key;
-    if (k->precision) {
-      py::tuple extra = py::make_tuple(k->precision_key());
-      key = py::reinterpret_steal<py::object>(PySequence_Concat(sig.key.ptr(), extra.ptr()));
-    }
-    PyObject* prog = PyDict_GetItem(k->programs.ptr(), key.ptr());  // borrowed
+    PyObject* prog = program_of(args, buffers);  // borrowed
     if (prog == nullptr) return nullptr;  // a miss: Python builds the program
     auto entry = std::make_shared<DeferEntry>();
     py::object plan = py::reinterpret_borrow<py::object>(prog).attr("record_plan")();
@@ -1384,29 +1392,22 @@ struct BoxedKernel final : c10::OperatorKernel {
       entry->prog = py::none();
       return entry;
     }
-    py::tuple f = plan.cast<py::tuple>();
     entry->prog = py::reinterpret_borrow<py::object>(prog);
-    for (auto slot : f[0].cast<py::tuple>()) entry->input_slots.push_back(slot.cast<size_t>());
-    for (auto slot : f[1].cast<py::tuple>()) entry->updated_slots.push_back(slot.cast<size_t>());
-    for (auto dtype : f[2]) entry->slot_dtypes.push_back(py::reinterpret_borrow<py::object>(dtype));
-    for (auto layout : f[3]) {
-      OutputLayout out;
-      if (!layout.is_none()) {
-        py::tuple l = layout.cast<py::tuple>();
-        out.defined = true;
-        out.sizes = l[0].cast<std::vector<int64_t>>();
-        out.strides = l[1].cast<std::vector<int64_t>>();
-        out.dtype = l[2];
-        out.type = reinterpret_cast<THPDtype*>(out.dtype.ptr())->scalar_type;
-        entry->n_fresh += 1;
-      }
-      entry->outputs.push_back(std::move(out));
-    }
-    for (auto item : f[4]) {
-      py::tuple r = item.cast<py::tuple>();
-      entry->returns.push_back({r[0].cast<int64_t>(), r[1].cast<int64_t>(), r[2].cast<int64_t>()});
-    }
+    read_plan(plan.cast<py::tuple>(), *entry);
     return entry;
+  }
+
+  // The program the Python cache holds for this call, by the executor's own tuple key (borrowed),
+  // or null: a miss, or arguments the tuple key cannot describe.
+  PyObject* program_of(const std::vector<c10::IValue>& args, py::dict& buffers) {
+    Signature sig;
+    if (!build_signature(k->op, k->kinds, python_args(args), buffers, k->static_scalars, sig)) return nullptr;
+    py::object key = sig.key;
+    if (k->precision) {
+      py::tuple extra = py::make_tuple(k->precision_key());
+      key = py::reinterpret_steal<py::object>(PySequence_Concat(sig.key.ptr(), extra.ptr()));
+    }
+    return PyDict_GetItem(k->programs.ptr(), key.ptr());
   }
 
   static void push_returns(const std::vector<std::array<int64_t, 3>>& returns, const std::vector<c10::IValue>& args,
@@ -1518,38 +1519,13 @@ struct BoxedKernel final : c10::OperatorKernel {
 
   // The entry for this call from the Python program cache: the executor's own tuple key.
   std::shared_ptr<FastEntry> from_programs(const std::vector<c10::IValue>& args, py::dict& buffers) {
-    Signature sig;
-    if (!build_signature(k->op, k->kinds, python_args(args), buffers, k->static_scalars, sig)) return nullptr;
-    py::object key = sig.key;
-    if (k->precision) {
-      py::tuple extra = py::make_tuple(k->precision_key());
-      key = py::reinterpret_steal<py::object>(PySequence_Concat(sig.key.ptr(), extra.ptr()));
-    }
-    PyObject* prog = PyDict_GetItem(k->programs.ptr(), key.ptr());  // borrowed
+    PyObject* prog = program_of(args, buffers);  // borrowed
     if (prog == nullptr) return nullptr;
     py::object fast = py::reinterpret_borrow<py::object>(prog).attr("fast");
     if (fast.is_none()) return nullptr;
     py::tuple f = fast.cast<py::tuple>();
     auto entry = std::make_shared<FastEntry>();
-    for (auto slot : f[0].cast<py::tuple>()) entry->input_slots.push_back(slot.cast<size_t>());
-    for (auto slot : f[1].cast<py::tuple>()) entry->updated_slots.push_back(slot.cast<size_t>());
-    for (auto dtype : f[2]) entry->slot_dtypes.push_back(py::reinterpret_borrow<py::object>(dtype));
-    for (auto layout : f[3]) {
-      OutputLayout out;
-      if (!layout.is_none()) {
-        py::tuple l = layout.cast<py::tuple>();
-        out.defined = true;
-        out.sizes = l[0].cast<std::vector<int64_t>>();
-        out.strides = l[1].cast<std::vector<int64_t>>();
-        out.dtype = l[2];
-        out.type = reinterpret_cast<THPDtype*>(out.dtype.ptr())->scalar_type;
-      }
-      entry->outputs.push_back(std::move(out));
-    }
-    for (auto item : f[4]) {
-      py::tuple r = item.cast<py::tuple>();
-      entry->returns.push_back({r[0].cast<int64_t>(), r[1].cast<int64_t>(), r[2].cast<int64_t>()});
-    }
+    read_plan(f, *entry);
     entry->executable = f[5];
     return entry;
   }
@@ -1599,23 +1575,12 @@ struct BoxedKernel final : c10::OperatorKernel {
       size_t slot = e.updated_slots[i];
       buffers[slot_keys[slot]] = py::make_tuple(updated[i], e.slot_dtypes[slot]);
     }
-    std::vector<at::Tensor> outs;
-    outs.reserve(e.outputs.size());
-    {
-      c10::DeviceGuard guard(Device(kTpu, static_cast<DeviceIndex>(device)));
-      size_t next = 0;
-      for (const OutputLayout& layout : e.outputs) {
-        if (!layout.defined) {
-          outs.emplace_back();
-          continue;
-        }
-        at::Tensor t = at::detail::empty_strided_generic(layout.sizes, layout.strides, &g_allocator,
-                                                         c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
-                                                         layout.type);
-        buffers[py::int_(reinterpret_cast<uint64_t>(t.storage().data()))] =
-            py::make_tuple(fresh[next++], layout.dtype);
-        outs.push_back(std::move(t));
-      }
+    std::vector<at::Tensor> outs = allocate_outputs(e.outputs, device);
+    size_t next = 0;
+    for (size_t i = 0; i < outs.size(); ++i) {
+      if (!outs[i].defined()) continue;
+      buffers[py::int_(reinterpret_cast<uint64_t>(outs[i].storage().data()))] =
+          py::make_tuple(fresh[next++], e.outputs[i].dtype);
     }
     g_fast_ops += 1;
     push_returns(e.returns, args, outs, stack);
@@ -1623,6 +1588,21 @@ struct BoxedKernel final : c10::OperatorKernel {
   }
 
 };
+
+std::vector<at::Tensor> allocate_outputs(const std::vector<OutputLayout>& layouts, int device) {
+  std::vector<at::Tensor> outs;
+  outs.reserve(layouts.size());
+  c10::DeviceGuard guard(Device(kTpu, static_cast<DeviceIndex>(device)));
+  for (const OutputLayout& layout : layouts) {
+    if (!layout.defined) {
+      outs.emplace_back();
+      continue;
+    }
+    outs.push_back(at::detail::empty_strided_generic(layout.sizes, layout.strides, &g_allocator,
+                                                     c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), layout.type));
+  }
+  return outs;
+}
 
 // Registers `kernel` (an OpKernel) as the tpu kernel of `ns::name` ("add.Tensor"). The libraries and
 // kernels live as long as the process (never destroyed: their Python objects outlive no interpreter).

@@ -81,7 +81,7 @@ class Pending:
 class Lost:
     """The buffer value of a storage whose deferred graph failed: reading it raises."""
 
-    __slots__ = ("message",)
+    __slots__ = ("message", "__weakref__")  # weakref: valuecheck watches its markers (any_lost)
 
     def __init__(self, message: str):
         self.message = message
@@ -317,7 +317,12 @@ class Segment:
     """One fused program of a plan: which values go in, which nodes run, which values come out."""
 
     __slots__ = ("device", "nodes", "sources", "donated", "kept", "outputs", "drop", "fingerprint", "steps",
-                 "n_inputs", "local_outputs", "out_shapes", "reshaped", "offset_positions", "checked")
+                 "n_inputs", "local_outputs", "out_shapes", "reshaped", "offset_positions", "checked", "executable",
+                 "last_scalars")
+
+    def __init__(self):
+        self.executable = None  # its fused program, once compiled or found (by fingerprint, no offsets)
+        self.last_scalars = None  # (runtime scalars, their device arrays) of the last run
 
     def run(self, graph, values: dict) -> None:
         ext = graph.ext
@@ -326,16 +331,25 @@ class Segment:
         donated = [inputs[i] for i in self.donated]
         kept = [inputs[i] for i in self.kept]
         del inputs
-        raw = []
-        for i in self.nodes:
-            raw.extend(nodes[i].scalars)
+        raw = [value for i in self.nodes for value in nodes[i].scalars]
         key, offsets = self.fingerprint, None
         if self.offset_positions:
             offsets, raw = _split_offsets(self, raw)
             if offsets is not None:
                 key = (key, offsets)
-        scalars = executor._device_scalars(raw, self.device) if raw else []
-        executable = _executables.get(key)
+        # A repeated graph mostly repeats its scalars; each position's type is fixed by its program
+        # (part of the plan's fingerprint), so equal values mean the same device arrays.
+        last = self.last_scalars
+        if last is not None and last[0] == raw:
+            scalars = last[1]
+        else:
+            scalars = executor._device_scalars(raw, self.device) if raw else []
+            self.last_scalars = (raw, scalars)
+        executable = self.executable if offsets is None else None
+        if executable is None:
+            executable = _executables.get(key)
+            if offsets is None:
+                self.executable = executable
         name = _trace.segment_name(nodes, self.nodes) if _trace.active else None
         if executable is None:
             with _trace.compiling(name, self.device) if name else contextlib.nullcontext():

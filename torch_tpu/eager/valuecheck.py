@@ -107,7 +107,10 @@ def _raise_first(entries: list) -> None:
             if first is None:
                 first = type(error)(message)
     if first is not None:
-        raise first
+        try:
+            raise first
+        finally:  # no cycle through this frame: the traceback's frames (holding the lost tensors) die with it
+            first = None
 
 
 def _message(error: Exception, op: str, where) -> str:
@@ -127,28 +130,32 @@ def _lose(results: list, message: str) -> None:
         return
     global any_lost
     lost = Lost(f"this tensor holds the result of an op that failed a value check:\n{message}")
+    with _lost_lock:  # set before the buffers hold it: overwriting an older marker runs its callback here
+        _lost_markers.add(weakref.ref(lost, _marker_freed))
+        any_lost = True
     buffers = storage.buffers
     for address, (value, dtype) in list(buffers.items()):
         if arrays.get(id(value)) is value:
             # The Lost in the dtype field too: the native cache-hit path takes only torch dtypes there, so a
             # program reading the storage goes to the Python path, which raises (raise_if_lost).
             buffers[address] = (lost, lost)
-            any_lost = True
 
 
-# Whether any storage was ever marked lost here: the executor checks its inputs only then (and the
-# native DeferAndFuse recorder hands every op to Python while it is set).
+# Whether a storage marked lost here may still be alive: the executor checks its inputs only then, and
+# the native DeferAndFuse recorder hands every op to Python while it is set. It clears itself: each
+# marker (one Lost per failed op, shared by its storages' buffer entries) is watched by a weakref whose
+# callback runs when the last entry holding it is dropped (the storage freed, or its buffer overwritten),
+# so nothing polls on the hot path.
 any_lost = False
+_lost_markers: set = set()  # weakrefs to the live markers
+_lost_lock = threading.RLock()  # a callback can run inside _lose (an overwritten marker), on this thread
 
 
-def _refresh_any_lost() -> bool:
-    """Recompute `any_lost` from the live storages (it stays set after the lost tensors are freed; this
-    scan is O(storages), so it is not on the materialization path: see the stop note on issue 18)."""
-    from torch_tpu.eager.defer import Lost  # noqa: PLC0415
-
+def _marker_freed(ref) -> None:
     global any_lost
-    any_lost = any(type(entry[0]) is Lost for entry in list(storage.buffers.values()))
-    return any_lost
+    with _lost_lock:
+        _lost_markers.discard(ref)
+        any_lost = bool(_lost_markers)
 
 
 def raise_if_lost(slot_entries) -> None:
