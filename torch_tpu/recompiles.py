@@ -152,6 +152,16 @@ def user_frame(frame=None):
     return code.co_filename, line, code.co_name
 
 
+def traceback_line(where) -> str:
+    """A (code, line) site (`user_code`'s) as a traceback line, with its source text."""
+    if where is None:
+        return "recorded by the autograd engine or library code (no user frame)"
+    code, line = where
+    text = linecache.getline(code.co_filename, line).strip()
+    out = f'File "{code.co_filename}", line {line}, in {code.co_name}'
+    return f"{out}\n    {text}" if text else out
+
+
 def format_where(where) -> str:
     if where is None:
         return "<no user frame: the autograd engine or library code>"

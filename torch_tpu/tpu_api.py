@@ -189,7 +189,7 @@ def _clear_cache() -> None:
     """Forget every compiled program of this process (the host-shared and remote levels keep theirs)."""
     from torch_tpu import cache
 
-    defer = sys.modules.get("torch_tpu.eager.defer")  # imported with the executor, once the runtime starts
+    defer = sys.modules.get("torch_tpu.eager.defer")  # imported with the kernels, once the runtime starts
     if defer is not None:
         defer.forget()
     cache.clear(host=False)

@@ -30,11 +30,11 @@ from torch._prims_common import elementwise_dtypes
 
 from torch_tpu import cache, compile_notice, precision
 from torch_tpu.config import config
-from torch_tpu.eager import cpu_errors, strided
+from torch_tpu.eager import cpu_errors
 from torch_tpu.eager.opspec import Arg, OpSpec
 from torch_tpu.ops import checks
 from torch_tpu.ops.registry import Lowering
-from torch_tpu.runtime import dtypes
+from torch_tpu.runtime import dtypes, strided
 
 TENSOR, CPU_SCALAR, SCALAR, SCALAR_LIST = "T", "C", "S", "L"
 DYNAMIC = -1  # the offset field of a tensor entry whose storage offset is a runtime scalar
