@@ -21,15 +21,8 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent / "torch_tpu"
 LOWER = ("torch_tpu.runtime", "torch_tpu.cache", "torch_tpu.ops", "torch_tpu.precision")
 EXECUTORS = ("torch_tpu.eager", "torch_tpu.compile", "torch_tpu.distributed")
 
-# Pairs of modules that still import each other, each with its reason.
-MUTUAL = {
-    frozenset({"torch_tpu.device", "torch_tpu.streams"}):
-        "device.py (torch.tpu) re-exports streams' Stream/Event; a Stream takes a device argument as torch.tpu "
-        "does, through device._index (one normalization, with the launched process's ownership check)",
-    frozenset({"torch_tpu.eager.cpu_errors", "torch_tpu.eager.program"}):
-        "program.py asks cpu_errors for PyTorch's CPU error of a rejected call; cpu_errors rebuilds the call "
-        "from its program key with program.py's key layout (tensor_entries, _rebuild)",
-}
+# Pairs of modules that still import each other, each with its reason: none.
+MUTUAL: dict = {}
 
 
 def _within(name: str, prefixes) -> bool:

@@ -376,7 +376,7 @@ def diff_op_keys(spec, old: tuple, new: tuple) -> list[Change]:
 
 
 def _slot_owner(spec, key, slot) -> str:
-    from torch_tpu.eager.program import tensor_entries  # a function of the key layout, not the executor
+    from torch_tpu.eager.keys import tensor_entries  # a function of the key layout, not the executor
 
     names = [f"'{spec.names[i]}'" for i in range(spec.n_args)
              if any(e[5] == slot for e in tensor_entries(spec.kinds[i], key[2 + i]))]
