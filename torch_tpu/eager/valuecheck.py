@@ -31,6 +31,7 @@ from torch_tpu.config import config
 from torch_tpu.ops import checks
 from torch_tpu.runtime import storage
 
+
 class Lost:
     """The buffer value of a storage whose results are lost (a failed value check or DeferAndFuse graph):
     reading it raises."""
@@ -121,7 +122,8 @@ def _raise_first(entries: list) -> None:
 
 
 def _message(error: Exception, op: str, where) -> str:
-    return (f"{error}\n[torch_tpu] a value check of {op} failed; the op was launched at:\n  {recompiles.traceback_line(where)}\n"
+    return (f"{error}\n[torch_tpu] a value check of {op} failed; the op was launched at:\n"
+            f"  {recompiles.traceback_line(where)}\n"
             "(checked at the next materialization point, as CUDA reports a device-side assertion; "
             "TORCH_TPU_LAUNCH_BLOCKING=1 raises at the op itself)")
 
