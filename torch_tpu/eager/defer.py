@@ -54,8 +54,8 @@ from torch_tpu.config import config
 from torch_tpu.eager import executor
 from torch_tpu.eager import program as program_mod
 from torch_tpu.eager import cpu_errors, repeats, valuecheck
-from torch_tpu.runtime import dtypes, platform, storage, strided
 from torch_tpu.eager.valuecheck import Lost
+from torch_tpu.runtime import dtypes, platform, storage, strided
 from torch_tpu.runtime.errors import translate_runtime_error
 
 lock = threading.RLock()
