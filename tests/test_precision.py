@@ -285,7 +285,7 @@ def test_xla_cpu_transposed_view_operand_is_taken_as_it_lies(torch_default):
     import jax
     import jax.numpy as jnp
 
-    from torch_tpu.eager import strided
+    from torch_tpu.runtime import strided
     from torch_tpu.runtime import platform
 
     if platform.get().platform != "cpu":

@@ -156,7 +156,7 @@ def test_views_at_a_known_offset_read_and_write_like_a_runtime_offset():
     import jax.numpy as jnp
     import numpy as np
 
-    from torch_tpu.eager import strided
+    from torch_tpu.runtime import strided
 
     buf = jnp.arange(4 * 6 * 10, dtype=jnp.float32)
     cases = [  # (sizes, strides): column blocks, transposed blocks, every other element, heads of a projection

@@ -299,7 +299,7 @@ def _nt_form(a, b):
     the product contracts `dense` as it lies (the library dot's [n, k] form), not a copy of b."""
     from jax import lax
 
-    from torch_tpu.eager import strided
+    from torch_tpu.runtime import strided
 
     if a.ndim < 2 or b.ndim not in (2, a.ndim):
         return None

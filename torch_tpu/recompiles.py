@@ -152,6 +152,16 @@ def user_frame(frame=None):
     return code.co_filename, line, code.co_name
 
 
+def traceback_line(where) -> str:
+    """A (code, line) site (`user_code`'s) as a traceback line, with its source text."""
+    if where is None:
+        return "recorded by the autograd engine or library code (no user frame)"
+    code, line = where
+    text = linecache.getline(code.co_filename, line).strip()
+    out = f'File "{code.co_filename}", line {line}, in {code.co_name}'
+    return f"{out}\n    {text}" if text else out
+
+
 def format_where(where) -> str:
     if where is None:
         return "<no user frame: the autograd engine or library code>"
@@ -366,7 +376,7 @@ def diff_op_keys(spec, old: tuple, new: tuple) -> list[Change]:
 
 
 def _slot_owner(spec, key, slot) -> str:
-    from torch_tpu.eager.program import tensor_entries  # a function of the key layout, not the executor
+    from torch_tpu.eager.keys import tensor_entries  # a function of the key layout, not the executor
 
     names = [f"'{spec.names[i]}'" for i in range(spec.n_args)
              if any(e[5] == slot for e in tensor_entries(spec.kinds[i], key[2 + i]))]

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import queue
+import sys
 import threading
 import time
 
@@ -228,9 +229,9 @@ def event_destroy(event_id: int) -> None:
 
 # ------------------------------------------------------------------ torch.tpu.Stream / Event
 def _index(device) -> int:
-    from torch_tpu import device as device_module
-
-    return device_module._index(device)
+    # torch.tpu's own device-argument check (device.py, which imports this module and is always
+    # loaded with torch_tpu): looked up, not imported.
+    return sys.modules["torch_tpu.device"]._index(device)
 
 
 class Stream(torch.Stream):

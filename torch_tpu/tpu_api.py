@@ -117,10 +117,8 @@ def precision(mode: Precision):
 # ------------------------------------------------------------------ devices and streams
 def device_of(obj):
     """Context manager: the current tpu device is `obj`'s (a tensor or storage) inside the block."""
-    from torch_tpu import device as device_module
-
     index = obj.get_device() if obj.device.type == "tpu" else None
-    return device_module.device(index)
+    return _module.device(index)
 
 
 def topology_aware_mesh(*args, **kwargs):
@@ -189,7 +187,7 @@ def _clear_cache() -> None:
     """Forget every compiled program of this process (the host-shared and remote levels keep theirs)."""
     from torch_tpu import cache
 
-    defer = sys.modules.get("torch_tpu.eager.defer")  # imported with the executor, once the runtime starts
+    defer = sys.modules.get("torch_tpu.eager.defer")  # imported with the kernels, once the runtime starts
     if defer is not None:
         defer.forget()
     cache.clear(host=False)
@@ -237,11 +235,9 @@ def _get_autocast_dtype() -> torch.dtype:
 
 def _set_autocast_dtype(dtype: torch.dtype) -> None:
     """The dtype of `torch.autocast("tpu")` without dtype= (this thread); one of get_amp_supported_dtype()'s."""
-    from torch_tpu import device
-
-    if not isinstance(dtype, torch.dtype) or dtype not in device.get_amp_supported_dtype():
+    if not isinstance(dtype, torch.dtype) or dtype not in _module.get_amp_supported_dtype():
         raise ValueError(f"unsupported autocast dtype for 'tpu': {dtype!r} (supported: "
-                         f"{device.get_amp_supported_dtype()})")
+                         f"{_module.get_amp_supported_dtype()})")
     torch.set_autocast_dtype("tpu", dtype)
 
 
@@ -320,11 +316,16 @@ _PRIVATE = ("_get_cache_stats", "_get_cache_requests", "_get_cache_hits", "_get_
             "_is_autocast_enabled", "_get_autocast_dtype", "_set_autocast_dtype")
 
 
+_module: types.ModuleType | None = None  # the torch.tpu module (device.py), once installed
+
+
 def install(module: types.ModuleType) -> None:
     """Give the torch.tpu module (device.py) the names it lacks, its class and the submodule import hook.
 
     A name the module defines itself is kept: ours win.
     """
+    global _module
+    _module = module  # device.py installs this module: its functions are reached through `_module`
     for name in (*__all__, *_PRIVATE):
         if name not in module.__dict__:
             setattr(module, name, globals()[name])

@@ -160,7 +160,7 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs, **options):
 
     from torch._dynamo.backends.common import aot_autograd
 
-    from torch_tpu.compile import skip_library_frames
+    from torch_tpu.compile.frames import skip_library_frames
 
     skip_library_frames()
     from torch._functorch.partitioners import default_partition

@@ -21,11 +21,11 @@ import operator
 import jax.numpy as jnp
 import torch
 
-from torch_tpu.eager import opspec, strided
+from torch_tpu.eager import opspec
 from torch_tpu.eager import program as program_mod
 from torch_tpu.eager.opspec import Arg
 from torch_tpu.ops import registry
-from torch_tpu.runtime import dtypes
+from torch_tpu.runtime import dtypes, strided
 
 aten = torch.ops.aten
 _TENSOR, _SCALAR, _SCALAR_LIST = program_mod.TENSOR, program_mod.SCALAR, program_mod.SCALAR_LIST

@@ -11,6 +11,8 @@ Does not own: planning or tracing graphs (compile/graph.py), the lowerings (ops/
 """
 from __future__ import annotations
 
+import sys
+
 import jax
 import torch
 from jax.sharding import NamedSharding, PartitionSpec as P
@@ -41,13 +43,18 @@ def graph_group(gm: torch.fx.GraphModule):
         raise ValueError(f"functional collectives on {len(names)} process groups in one graph")
     from torch.distributed.distributed_c10d import _resolve_process_group
 
-    from torch_tpu.distributed.process_group import ProcessGroupTPU
-
     (name,) = names
     group = _resolve_process_group(name) if isinstance(name, str) else name
-    if not isinstance(group, ProcessGroupTPU):
+    if not _is_tpu_dist(group):
         raise ValueError(f"functional collectives on a {type(group).__name__} group (not tpu_dist)")
     return group
+
+
+def _is_tpu_dist(group) -> bool:
+    # Looked up, not imported (process_group imports this module): no tpu_dist group exists before
+    # process_group.py was imported.
+    process_group = sys.modules.get("torch_tpu.distributed.process_group")
+    return process_group is not None and isinstance(group, process_group.ProcessGroupTPU)
 
 
 def fused_group():

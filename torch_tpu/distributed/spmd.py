@@ -94,12 +94,13 @@ class _enter:
 def _default_group():
     import torch.distributed as dist
 
-    from torch_tpu.distributed.process_group import ProcessGroupTPU
-
-    if not dist.is_initialized():
+    # Looked up, not imported (process_group imports this module): no tpu_dist group exists before
+    # process_group.py was imported.
+    process_group = sys.modules.get("torch_tpu.distributed.process_group")
+    if process_group is None or not dist.is_initialized():
         return None
     group = dist.group.WORLD
-    return group if isinstance(group, ProcessGroupTPU) else None
+    return group if isinstance(group, process_group.ProcessGroupTPU) else None
 
 
 _warned_subgroup = False

@@ -1,6 +1,7 @@
 """Eager execution: turning each dispatched ATen op into a cached XLA program.
 
-`opspec` reads op schemas, `strided` reads/writes strided views of flat storage
-buffers inside programs, `program` builds one cached program per op signature,
-`executor` runs them (Strict, Debug), `kernels` registers it all with PyTorch.
+`opspec` reads op schemas, `program` builds one cached program per op signature
+(its view reads and write-backs through runtime/strided.py), `executor` runs them
+(Strict, Debug), `defer` records and fuses them (DeferAndFuse), `kernels` registers
+it all with PyTorch.
 """

@@ -19,6 +19,8 @@ import warnings
 
 import torch
 
+from torch_tpu.eager import keys
+
 # Errors a lowering or meta kernel raises that are not PyTorch-style argument errors.
 FOREIGN = (TypeError, ValueError, IndexError, AssertionError, KeyError, RuntimeError)
 _MAX_ELEMENTS = 1 << 24
@@ -29,15 +31,13 @@ _INTERNAL_OVERLAP = ("unsupported operation: more than one element of the writte
 
 def as_cpu_error(spec, key, scalars, err: BaseException) -> BaseException:
     """The error PyTorch's CPU kernel raises for this call (same shapes and dtypes), or `err`."""
-    from torch_tpu.eager import program  # noqa: PLC0415  (program imports this module)
-
     if not isinstance(err, FOREIGN) or isinstance(err, NotImplementedError):
         return err
     if spec.op.namespace not in _PYTORCH_NAMESPACES:  # a custom op (a jax_op): no CPU kernel of PyTorch's to ask
         return err
     key_args = key[2:2 + spec.n_args]
     for i in spec.writes:  # an expanded tensor written in place or as out=: PyTorch refuses it
-        for entry in program.tensor_entries(spec.kinds[i], key_args[i]):
+        for entry in keys.tensor_entries(spec.kinds[i], key_args[i]):
             if any(stride == 0 and size > 1 for size, stride in zip(entry[2], entry[3])):
                 return RuntimeError(_INTERNAL_OVERLAP)
     too_big = []
@@ -48,7 +48,7 @@ def as_cpu_error(spec, key, scalars, err: BaseException) -> BaseException:
         return torch.zeros(entry[2] if not too_big else (), dtype=entry[1])
 
     try:
-        args, _ = program._rebuild(spec, key_args, [_host(s) for s in scalars], tensor, lambda v, t: v,
+        args, _ = keys.rebuild(spec, key_args, [_host(s) for s in scalars], tensor, lambda v, t: v,
                                    lambda v, dtype: torch.tensor(v, dtype=dtype), lambda vs, ts: list(vs))
     except Exception:
         return err

@@ -38,7 +38,6 @@ program.py), where to cut (repeats.py), when to materialize (callers of
 from __future__ import annotations
 
 import contextlib
-import linecache
 import math
 import struct
 import sys
@@ -54,8 +53,9 @@ from torch_tpu import profiler as _trace
 from torch_tpu.config import config
 from torch_tpu.eager import executor
 from torch_tpu.eager import program as program_mod
-from torch_tpu.eager import cpu_errors, repeats, strided, valuecheck
-from torch_tpu.runtime import dtypes, platform, storage
+from torch_tpu.eager import cpu_errors, repeats, valuecheck
+from torch_tpu.eager.valuecheck import Lost
+from torch_tpu.runtime import dtypes, platform, storage, strided
 from torch_tpu.runtime.errors import translate_runtime_error
 
 lock = threading.RLock()
@@ -76,18 +76,6 @@ class Pending:
 
     def __repr__(self):
         return f"Pending(node={self.ref // _OUT}, output={self.ref % _OUT})"
-
-
-class Lost:
-    """The buffer value of a storage whose deferred graph failed: reading it raises."""
-
-    __slots__ = ("message", "__weakref__")  # weakref: valuecheck watches its markers (any_lost)
-
-    def __init__(self, message: str):
-        self.message = message
-
-    def __str__(self):
-        return self.message
 
 
 class Node:
@@ -216,16 +204,6 @@ def _check(key, prog, scalars) -> None:
 def _user_frame():
     """(code, line) of the innermost frame outside torch, torch_tpu and the standard library."""
     return recompiles.user_code(sys._getframe(2))
-
-
-def describe(where) -> str:
-    """A recording site as a traceback line."""
-    if where is None:
-        return "recorded by the autograd engine or library code (no user frame)"
-    code, line = where
-    text = linecache.getline(code.co_filename, line).strip()
-    out = f'File "{code.co_filename}", line {line}, in {code.co_name}'
-    return f"{out}\n    {text}" if text else out
 
 
 # ------------------------------------------------------------------ flushing
@@ -505,7 +483,7 @@ def _fused_function(steps, n_inputs, donated_positions, kept_positions, outputs,
             try:
                 fresh, updated = prog.trace([values[r] for r in refs], scalars[offset:offset + n_scalars])
             except Exception as err:
-                _note(err, f"in the deferred op {fused.names[s]}, recorded at:\n  {describe(fused.wheres[s])}")
+                _note(err, f"in the deferred op {fused.names[s]}, recorded at:\n  {recompiles.traceback_line(fused.wheres[s])}")
                 raise
             if prog.checks:  # a value-checked op: its error flag follows its updated slots
                 flags.append(updated[-1])
@@ -530,7 +508,7 @@ def _sites(wheres, limit: int = 8) -> str:
     for where in wheres:
         if where not in seen:
             seen.append(where)
-    lines = [f"  {describe(w)}" for w in seen[:limit]]
+    lines = [f"  {recompiles.traceback_line(w)}" for w in seen[:limit]]
     if len(seen) > limit:
         lines.append(f"  ... and {len(seen) - limit} more sites")
     return "\n".join(lines)
@@ -781,6 +759,8 @@ def _make_plan(graph, outputs: tuple, donate: frozenset) -> Plan:
 def _first_node() -> None:
     storage.set_flush(flush)
 
+
+executor._record = record  # in this mode `executor.execute` hands every call here
 
 # The native recorder (csrc/native.cpp) appends seen signatures to `_graph` exactly as `record` does.
 _native.set_defer_hooks(sys.modules[__name__], lock, config, valuecheck, recompiles._is_library, recompiles.user_code,

@@ -27,6 +27,7 @@ from torch_tpu import profiler as _trace
 from torch_tpu.config import config
 from torch_tpu.eager import program as program_mod
 from torch_tpu.eager import opspec
+from torch_tpu.eager import valuecheck as _valuecheck
 from torch_tpu.eager.opspec import Arg, OpSpec
 from torch_tpu.ops.registry import Lowering
 from torch_tpu.runtime import platform, storage
@@ -200,11 +201,20 @@ def update_fast_path() -> None:
     _native.set_defer_path(config.defer_and_fuse and not config.launch_blocking and not xla_options.active)
 
 
+def _no_recorder(spec: OpSpec, lowering: Lowering, via_functional: bool, full: list):
+    raise RuntimeError("DeferAndFuse is on, but its recorder (torch_tpu.eager.defer) was never imported")
+
+
+# DeferAndFuse's recorder: importing eager/defer.py installs its `record` here (kernels.register_all
+# imports it), so this module, which defer builds on, never imports defer.
+_record = _no_recorder
+
+
 def execute(spec: OpSpec, lowering: Lowering, via_functional: bool, *args, **kwargs):
     """Run one dispatched op as its cached program; return what the op returns."""
     full = list(args) if not kwargs and len(args) == spec.n_args else spec.normalize(args, kwargs)
     if config.defer_and_fuse:  # DeferAndFuse: record instead of launching (defer.py)
-        return _defer.record(spec, lowering, via_functional, full)
+        return _record(spec, lowering, via_functional, full)
     if not (lowering.rng or config.launch_blocking or _trace.active or xla_options.active):
         # Cache hit: one native call does signature, lookup, launch and outputs.
         extra = (precision.matmul_precision(),) if lowering.precision else ()
@@ -318,8 +328,5 @@ def _resize_out(t: torch.Tensor, sizes) -> None:
         )
     t.resize_(sizes)
 
-
-from torch_tpu.eager import defer as _defer  # noqa: E402  (a cycle: defer uses this module's functions)
-from torch_tpu.eager import valuecheck as _valuecheck  # noqa: E402
 
 update_fast_path()

@@ -44,6 +44,7 @@ def register_all() -> None:
         if _registered:
             return
         from torch_tpu import ops
+        from torch_tpu.eager import defer  # noqa: F401  (installs DeferAndFuse's recorder in the executor)
         from torch_tpu.eager import special
         from torch_tpu.ops import registry
 

@@ -13,6 +13,7 @@ per argument, and one entry per storage slot. Argument entries:
     any hashable value                                    a static argument
 Slot entries are (buffer dtype or None if never written, storage nbytes).
 Lowerings flagged `precision` end the key with the float32 matmul precision.
+(The entry tags and reading entries back into arguments: keys.py.)
 
 Everything an `OpProgram` needs derives from the key, so equal keys give equal
 programs. Its traced function maps (slot buffers, runtime scalars) to (fresh
@@ -30,30 +31,19 @@ from torch._prims_common import elementwise_dtypes
 
 from torch_tpu import cache, compile_notice, precision
 from torch_tpu.config import config
-from torch_tpu.eager import cpu_errors, strided
+from torch_tpu.eager import cpu_errors
+from torch_tpu.eager.keys import (  # the tags also as program_mod.* (executor.py, defer.py, compile/plan.py)
+    CPU_SCALAR, DYNAMIC, SCALAR, SCALAR_LIST, TENSOR, tensor_entries,
+)
+from torch_tpu.eager.keys import TENSOR_KINDS as _TENSOR_KINDS, rebuild as _rebuild
 from torch_tpu.eager.opspec import Arg, OpSpec
 from torch_tpu.ops import checks
 from torch_tpu.ops.registry import Lowering
-from torch_tpu.runtime import dtypes
+from torch_tpu.runtime import dtypes, strided
 
-TENSOR, CPU_SCALAR, SCALAR, SCALAR_LIST = "T", "C", "S", "L"
-DYNAMIC = -1  # the offset field of a tensor entry whose storage offset is a runtime scalar
 RNG_SCALARS = 4  # seed lo/hi, offset lo/hi appended to the runtime scalars
 
-_TENSOR_KINDS = (Arg.TENSOR, Arg.OPT_TENSOR)
-_LIST_KINDS = (Arg.TENSOR_LIST, Arg.OPT_TENSOR_LIST)
 _PROMOTABLE = (Arg.TENSOR, Arg.OPT_TENSOR, Arg.SCALAR, Arg.OPT_SCALAR)
-
-
-def tensor_entries(kind, entry) -> list:
-    """The "T" entries inside one argument entry."""
-    if entry is None:
-        return []
-    if kind in _TENSOR_KINDS:
-        return [entry] if entry[0] == TENSOR else []
-    if kind in _LIST_KINDS:  # a list may hold 0-dim CPU tensors (runtime scalars) among its tensors
-        return [e for e in entry if e is not None and e[0] == TENSOR]
-    return []
 
 
 class OutputMeta:
@@ -245,60 +235,6 @@ def returns(spec: OpSpec, prog: OpProgram, full: list, outs: list):
 
 def _meta_tensor(entry, offset):
     return torch.empty_strided(entry[2], entry[3], dtype=entry[1], device="meta")
-
-
-def _rebuild(spec: OpSpec, key_args, scalars, make_tensor, make_scalar, make_cpu, make_list):
-    """Turn key entries back into call arguments with the given constructors.
-
-    Runtime scalars are consumed in argument order, a tensor's dynamic storage
-    offset included. Returns (arguments, {(argument index, list index): offset}).
-    """
-    out = []
-    offsets = {}
-    position = 0
-
-    def tensor(i, j, entry):
-        nonlocal position
-        offset = 0
-        if entry[4] == DYNAMIC:
-            offset = scalars[position]
-            position += 1
-        offsets[(i, j)] = offset
-        return make_tensor(entry, offset)
-
-    def element(i, j, entry):  # of a tensor list: a tensor, or a 0-dim CPU tensor (a runtime scalar)
-        nonlocal position
-        if entry[0] == CPU_SCALAR:
-            position += 1
-            return make_cpu(scalars[position - 1], entry[1])
-        return tensor(i, j, entry)
-
-    for i, (kind, entry) in enumerate(zip(spec.kinds, key_args)):
-        if entry is None or kind == Arg.GENERATOR:
-            out.append(None)
-        elif kind in _TENSOR_KINDS:
-            if entry[0] == CPU_SCALAR:
-                out.append(make_cpu(scalars[position], entry[1]))
-                position += 1
-            elif entry[0] == SCALAR:  # a wrapped Python number
-                out.append(make_scalar(scalars[position], entry[1]))
-                position += 1
-            else:
-                out.append(tensor(i, 0, entry))
-        elif kind in _LIST_KINDS:
-            out.append([None if e is None else element(i, j, e) for j, e in enumerate(entry)])
-        elif kind in (Arg.SCALAR, Arg.OPT_SCALAR) and type(entry) is tuple and entry[0] == SCALAR:
-            out.append(make_scalar(scalars[position], entry[1]))
-            position += 1
-        elif kind == Arg.SCALAR_LIST and type(entry) is tuple and entry and entry[0] == SCALAR_LIST:
-            n = len(entry[1])
-            out.append(make_list(scalars[position:position + n], entry[1]))
-            position += n
-        elif kind in (Arg.SCALAR, Arg.OPT_SCALAR) and type(entry) is tuple:  # static scalar ("V", value)
-            out.append(entry[1])
-        else:
-            out.append(entry)
-    return out, offsets
 
 
 def offset_positions(prog: OpProgram) -> tuple[int, ...]:

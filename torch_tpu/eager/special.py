@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from torch_tpu.eager import strided
 from torch_tpu.eager.opspec import spec
-from torch_tpu.runtime import transfer
+from torch_tpu.runtime import strided, transfer
 
 aten = torch.ops.aten
 _CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)

@@ -19,16 +19,31 @@ checked (ops/), launching (executor.py, defer.py).
 """
 from __future__ import annotations
 
+import sys
 import threading
 import weakref
 
 import jax
 import numpy as np
 
-from torch_tpu import metrics
+from torch_tpu import metrics, recompiles
 from torch_tpu.config import config
 from torch_tpu.ops import checks
 from torch_tpu.runtime import storage
+
+
+class Lost:
+    """The buffer value of a storage whose results are lost (a failed value check or DeferAndFuse graph):
+    reading it raises."""
+
+    __slots__ = ("message", "__weakref__")  # weakref: _lose watches its markers (any_lost)
+
+    def __init__(self, message: str):
+        self.message = message
+
+    def __str__(self):
+        return self.message
+
 
 _lock = threading.Lock()
 # (flag array of shape (n, 4) or (4,), [(op name, user frame, [weakref to each result array])] * n)
@@ -44,10 +59,8 @@ def _refs(arrays) -> list:
 
 def launched(flag, op: str, results) -> None:
     """A strict program ran: `flag` is its error flag, `results` the arrays it produced."""
-    from torch_tpu.eager import defer  # noqa: PLC0415  (defer imports the executor, which imports this module)
-
     counts["checked ops"] += 1
-    _enqueue((flag, [(op, defer._user_frame(), _refs(results))]))
+    _enqueue((flag, [(op, recompiles.user_code(sys._getframe(1)), _refs(results))]))
 
 
 def _enqueue(entry) -> None:
@@ -71,9 +84,7 @@ def launched_fused(flags, nodes: list) -> None:
 def launched_graph(flags, ops: list, results) -> None:
     """A torch.compile graph ran: `flags` has one row per checked op (`ops`, their names, in order);
     `results` are the graph's output arrays, all lost if a check failed (each depends on the graph's ops)."""
-    from torch_tpu.eager import defer  # noqa: PLC0415
-
-    where = defer._user_frame()  # the line that called the compiled function
+    where = recompiles.user_code(sys._getframe(1))  # the line that called the compiled function
     counts["checked ops"] += len(ops)
     _enqueue((flags, [(f"{op} (in a torch.compile graph)", where, _refs(results)) for op in ops]))
 
@@ -114,17 +125,14 @@ def _raise_first(entries: list) -> None:
 
 
 def _message(error: Exception, op: str, where) -> str:
-    from torch_tpu.eager import defer  # noqa: PLC0415
-
-    return (f"{error}\n[torch_tpu] a value check of {op} failed; the op was launched at:\n  {defer.describe(where)}\n"
+    return (f"{error}\n[torch_tpu] a value check of {op} failed; the op was launched at:\n"
+            f"  {recompiles.traceback_line(where)}\n"
             "(checked at the next materialization point, as CUDA reports a device-side assertion; "
             "TORCH_TPU_LAUNCH_BLOCKING=1 raises at the op itself)")
 
 
 def _lose(results: list, message: str) -> None:
     """Mark the storages holding a failed op's results lost: reading them raises."""
-    from torch_tpu.eager.defer import Lost  # noqa: PLC0415
-
     arrays = {id(a): a for a in (r() for r in results) if a is not None}
     if not arrays:
         return
@@ -160,8 +168,6 @@ def _marker_freed(ref) -> None:
 
 def raise_if_lost(slot_entries) -> None:
     """Raise the message of the first lost storage among an op's inputs."""
-    from torch_tpu.eager.defer import Lost  # noqa: PLC0415
-
     for entry in slot_entries:
         if entry is not None and type(entry[0]) is Lost:
             raise RuntimeError(entry[0].message)

@@ -11,7 +11,9 @@ from __future__ import annotations
 import importlib.util
 
 import jax
+import torch
 
+from torch_tpu import precision as precision_policy
 from torch_tpu.kernels import reference
 from torch_tpu.pallas import jax_op
 
@@ -66,3 +68,23 @@ def _flash_attention(q: jax.Array, k: jax.Array, v: jax.Array, causal: bool = Fa
                      precision: str = "medium") -> jax.Array:
     return attention(q, k, v, causal=causal, scale=scale, window=window, soft_cap=soft_cap,
                      implementation=implementation, precision=precision)
+
+
+def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+                    scale: float | None = None, *, window: tuple[int, int] | None = None,
+                    soft_cap: float | None = None, implementation: str = "auto") -> torch.Tensor:
+    """Attention of tpu tensors (batch, heads, seq, head_dim), differentiable.
+
+    `window=(before, after)`: sliding-window (local) attention; `soft_cap`: logits soft cap;
+    `implementation`: "auto" (Tokamax picks: its Pallas kernel where one compiles), "mosaic",
+    "triton", "xla", "xla_chunked" or "reference".
+    """
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError(f"flash_attention expects (batch, heads, seq, head_dim) tensors, got {q.dim()}-D, "
+                         f"{k.dim()}-D and {v.dim()}-D")
+    if q.shape[1] % k.shape[1] or k.shape[1] != v.shape[1]:
+        raise ValueError(f"flash_attention: {q.shape[1]} query heads cannot be grouped over {k.shape[1]} key and "
+                         f"{v.shape[1]} value heads")
+    return _flash_attention(q, k, v, causal, None if scale is None else float(scale),
+                            None if window is None else list(window), soft_cap, implementation,
+                            precision_policy.matmul_precision())

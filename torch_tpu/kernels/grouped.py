@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import torch
 
 from torch_tpu import precision as precision_policy
 from torch_tpu.kernels import reference
@@ -31,3 +32,14 @@ def ragged_dot(x, w, group_sizes, *, implementation="auto"):
 @jax_op("tpu_kernels::grouped_matmul", vjp=True)
 def _grouped_matmul(x: jax.Array, w: jax.Array, group_sizes: jax.Array, implementation: str = "auto") -> jax.Array:
     return ragged_dot(x, w, group_sizes, implementation=implementation)
+
+
+def grouped_matmul(x: torch.Tensor, w: torch.Tensor, group_sizes: torch.Tensor, *,
+                   implementation: str = "auto") -> torch.Tensor:
+    """x [m, k] (rows sorted by group) times w [g, k, n] per group of `group_sizes` [g] rows: [m, n]."""
+    if x.dim() != 2 or w.dim() != 3 or group_sizes.dim() != 1 or group_sizes.shape[0] != w.shape[0]:
+        raise ValueError(f"grouped_matmul expects x [m, k], w [g, k, n], group_sizes [g]; got {tuple(x.shape)}, "
+                         f"{tuple(w.shape)}, {tuple(group_sizes.shape)}")
+    if group_sizes.dtype.is_floating_point:
+        raise TypeError("grouped_matmul: group_sizes must be an integer tensor")
+    return _grouped_matmul(x, w, group_sizes, implementation)

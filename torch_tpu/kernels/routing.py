@@ -68,8 +68,8 @@ def _routable(query, key, value, attn_mask, dropout_p, enable_gqa) -> bool:
 
 def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
     if _routable(query, key, value, attn_mask, dropout_p, enable_gqa):
-        from torch_tpu import kernels
+        from torch_tpu.kernels.attention import flash_attention
 
-        return kernels.flash_attention(query, key, value, causal=is_causal, scale=scale)
+        return flash_attention(query, key, value, causal=is_causal, scale=scale)
     return torch.ops.aten.scaled_dot_product_attention.default.decompose(
         query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)

@@ -2,8 +2,8 @@
 
 A graph holding these ops becomes one SPMD XLA program over its process group's
 mesh (torch_tpu/distributed/compiled.py): each lowering sees this rank's block and
-moves data with the same `lax` collectives as the process group's own programs
-(distributed/programs.py, mesh axis "r", one position per group rank). Eager keeps
+moves data with the same per-rank functions as the process group's own programs
+(ops/_collective.py, mesh axis "r", one position per group rank). Eager keeps
 c10d's kernels (`eager=False`): there each op calls the process group, a program of
 its own (skinny mode).
 """
@@ -13,11 +13,11 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from torch_tpu.distributed import programs
+from torch_tpu.ops import _collective
 from torch_tpu.ops.registry import register
 
 c10d = torch.ops._c10d_functional
-AXIS = programs.AXIS
+AXIS = _collective.AXIS
 
 
 def _op(name: str) -> str:
@@ -42,7 +42,7 @@ def all_reduce(x, reduce_op, group_name):
     op = _op(reduce_op)
     if not _in_spmd_program():
         return x
-    return programs._reduce(x, op, lax.axis_size(AXIS))
+    return _collective.reduce(x, op, lax.axis_size(AXIS))
 
 
 def all_gather_into_tensor(x, group_size, group_name):
@@ -55,14 +55,14 @@ def reduce_scatter_tensor(x, reduce_op, group_size, group_name):
     op = _op(reduce_op)
     if not _in_spmd_program():
         return x[: x.shape[0] // group_size]
-    (scatter,) = programs._block_fn("reduce_scatter", (op,), group_size)(x.reshape(-1))
+    (scatter,) = _collective.block_fn("reduce_scatter", (op,), group_size)(x.reshape(-1))
     return scatter.reshape((x.shape[0] // group_size, *x.shape[1:]))
 
 
 def broadcast(x, src, group_name):
     if not _in_spmd_program():
         return x
-    return programs._one_from(x, src)
+    return _collective.one_from(x, src)
 
 
 def wait_tensor(x):

@@ -13,7 +13,7 @@ import torch
 
 from torch_tpu import _native, metrics
 from torch_tpu import profiler as _trace
-from torch_tpu.eager import strided
+from torch_tpu.runtime import strided
 from torch_tpu.runtime import dtypes, platform, storage
 
 aten = torch.ops.aten
