@@ -11,9 +11,10 @@ Tasks: `train` (forward + backward + AdamW step) and `infer` (forward under no_g
 Every row runs in this process, in interleaved rounds after a warm-up (compilation is not
 counted), so a noisy machine slows all alike; the median time per step and the ratios are
 reported. Only ratios from one run mean anything. Beside the wall time, the process CPU time
-per step (every thread: Python, XLA's and PyTorch's workers) is reported: on a shared machine it
-moves less with the load, and it is the work a step costs, which a quiet machine overlaps in
-part (Strict's Python dispatch runs while the device computes). The model is the demo GPT
+per step (every thread: Python, XLA's and PyTorch's workers) is reported, also split by thread
+group as bench/modes.py does (main Python thread / XLA compute threads / autograd engine /
+other): on a shared machine it moves less with the load, and it is the work a step costs, which
+a quiet machine overlaps in part (Strict's Python dispatch runs while the device computes). The model is the demo GPT
 (examples/gpt.py) at the size given by the flags.
 """
 from __future__ import annotations
@@ -33,6 +34,7 @@ import torch  # noqa: E402
 
 import torch_tpu  # noqa: E402
 import torch_tpu.compile  # noqa: E402
+from bench.modes import THREADS, _thread_cpu  # noqa: E402  (CPU time per thread group)
 from examples.gpt import GPT, GPTConfig  # noqa: E402
 
 torch_tpu.compile.register()  # an uninstalled checkout has no entry point
@@ -68,9 +70,10 @@ class Runner:
             fn = torch.compile(fn)
         self.fn = fn
 
-    def run(self, steps: int) -> tuple[float, float]:
-        """(wall seconds, process CPU seconds) per step; CPU time is steadier on a shared machine."""
-        start, cpu = time.perf_counter(), time.process_time()
+    def run(self, steps: int) -> tuple[float, float, dict]:
+        """(wall seconds, process CPU seconds, {thread group: CPU seconds}) per step; CPU time is steadier on a
+        shared machine."""
+        start, cpu, threads = time.perf_counter(), time.process_time(), _thread_cpu()
         for _ in range(steps):
             if self.mode == "defer":
                 with torch_tpu.execution_mode("defer_and_fuse"):
@@ -78,7 +81,8 @@ class Runner:
             else:
                 out = self._once()
         float(out.detach().reshape(-1)[0])  # waits for the device (tpu) or nothing (cpu)
-        return (time.perf_counter() - start) / steps, (time.process_time() - cpu) / steps
+        by_thread = {group: (seconds - threads[group]) / steps for group, seconds in _thread_cpu().items()}
+        return (time.perf_counter() - start) / steps, (time.process_time() - cpu) / steps, by_thread
 
     def _once(self):
         if self.task == "train":
@@ -116,22 +120,23 @@ def main() -> None:
                 for r in runners:
                     times[r.mode].append(r.run(args.steps))
             for mode, ts in times.items():
-                results[(task, mode, level)] = (statistics.median(t for t, _ in ts), statistics.median(c for _, c in ts))
+                results[(task, mode, level)] = (statistics.median(t[0] for t in ts), statistics.median(t[1] for t in ts),
+                                                {g: statistics.median(t[2].get(g, 0.0) for t in ts) for g in THREADS})
     torch.set_float32_matmul_precision("highest")
     print(f"GPT {args.layers} layers, d_model {args.embd}, seq {args.seq}, batch {args.batch}; "
           f"median of {args.rounds} rounds x {args.steps} steps; {torch.get_num_threads()} CPU threads")
     print(f"{'task':6} {'mode':13} {'precision':9} {'ms/step':>9} {'vs cpu_eager@highest':>21} {'vs strict@same':>15}"
-          f" {'cpu ms/step':>12} {'cpu vs strict':>14}")
-    for (task, mode, level), (seconds, cpu_seconds) in results.items():
+          f" {'cpu ms/step':>12} {'cpu vs strict':>14}  cpu ms by thread ({'/'.join(THREADS)})")
+    for (task, mode, level), (seconds, cpu_seconds, by_thread) in results.items():
         cpu = results.get((task, "cpu_eager", "highest"))
         strict = results.get((task, "strict", level))
         vs_cpu = f"{cpu[0] / seconds:.2f}x" if cpu else "-"
         vs_strict = f"{strict[0] / seconds:.2f}x" if strict else "-"
         cpu_vs_strict = f"{strict[1] / cpu_seconds:.2f}x" if strict else "-"
         print(f"{task:6} {mode:13} {level:9} {seconds * 1e3:9.2f} {vs_cpu:>21} {vs_strict:>15}"
-              f" {cpu_seconds * 1e3:12.2f} {cpu_vs_strict:>14}")
+              f" {cpu_seconds * 1e3:12.2f} {cpu_vs_strict:>14}  {'/'.join(f'{by_thread[g] * 1e3:.1f}' for g in THREADS)}")
     if args.json:
-        print(json.dumps({"|".join(k): {"wall": v[0], "cpu": v[1]} for k, v in results.items()}))
+        print(json.dumps({"|".join(k): {"wall": v[0], "cpu": v[1], "thread_cpu": v[2]} for k, v in results.items()}))
 
 
 if __name__ == "__main__":

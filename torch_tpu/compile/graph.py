@@ -110,7 +110,12 @@ class GraphFunction:
         if self.eager is not None:
             return self._run_eager(args)
         storage.drain()
-        storage.materialize("torch.compile")  # DeferAndFuse: eager work before this graph runs first
+        # DeferAndFuse: its pending eager work runs before this graph. Not a materialization point:
+        # pending value-check flags wait for one (reading them here waited for the previous graph,
+        # so the forward, backward and optimizer programs of a step ran one after the other).
+        flush = storage._flush
+        if flush is not None:
+            flush("torch.compile")
         key, addresses, arrays, device = self._key(args)
         if key is None:
             return self._run_eager(args)
@@ -124,14 +129,13 @@ class GraphFunction:
         env, host = plan.run_host(args) if plan.n_host else (None, None)
         aliases = [_view_of(args[out[1]], out) for out in plan.outputs if out[0] == "alias"]
         args.clear()
-        mutated = set(plan.mutated)
         donated = [_own(arrays[s]) for s in compiled.donated_slots]
         kept = [arrays[s] for s in compiled.kept_slots]
         rng = _take_rng(plan.n_rng, device)
         host = _host_vector(host, device)
         stats.calls += 1
         stats.donations += len(donated)
-        for s in mutated:  # donated: the storages get the new buffers below
+        for s in plan.mutated:  # donated: the storages get the new buffers below
             arrays[s] = None
         try:
             outs, updated = compiled.executable(donated, kept, rng, host)
@@ -170,24 +174,25 @@ class GraphFunction:
         entries, addresses, arrays = [], [], []
         slot_of: dict[int, int] = {}
         device = -1
+        get_buffer = _buffers.get
         for a in args:
             if isinstance(a, torch.Tensor):
-                if a.device.type == "cpu":
+                kind = a.device.type
+                if kind != "tpu":
+                    if kind != "cpu":
+                        return None, None, None, None
                     entries.append(("H", a.dtype, tuple(a.shape), tuple(a.stride())))
                     continue
-                if a.device.type != "tpu":
-                    return None, None, None, None
                 dtype, sizes, strides, offset, nbytes, index, address = _signature_of(a)
-                if device not in (-1, index):
+                if index != device and device != -1:
                     return None, None, None, None
                 device = index
+                entry = get_buffer(address)
                 slot = slot_of.get(address)
                 if slot is None:
                     slot = slot_of[address] = len(addresses)
                     addresses.append(address)
-                    entry = _buffers.get(address)
                     arrays.append(None if entry is None else entry[0])
-                entry = _buffers.get(address)
                 slot_dtype = dtype if entry is None else entry[1]
                 entries.append((_TENSOR, dtype, sizes, strides, offset, slot, slot_dtype, nbytes, entry is not None))
             elif a is None or isinstance(a, (int, float, bool)):

@@ -181,7 +181,7 @@ class Plan:
         """A node over CPU tensors only: run by PyTorch on the host before each launch."""
         result = target(*_metas(args), **_metas(kwargs))
         out = _wrap_host(result, self)
-        record = (target, _host_refs(args), _host_refs(kwargs), _host_refs(out))
+        record = _HostStep(target, _host_refs(args), _host_refs(kwargs), _host_refs(out))
         s = opspec.spec(target)
         if s.writes:
             self.host_mutations.append(record)
@@ -419,11 +419,11 @@ class Plan:
         env = [None] * self.n_host
         for position, index in self.host_inputs:
             env[index] = args[position]
-        for target, a, k, out in self.host_steps:
-            _assign(env, out, target(*_host_args(a, env), **_host_args(k, env)))
+        for step in self.host_steps:
+            step.run(env)
         scalars = [env[i].item() for i in self.host_scalars]
-        for target, a, k, out in self.host_mutations:
-            _assign(env, out, target(*_host_args(a, env), **_host_args(k, env)))
+        for step in self.host_mutations:
+            step.run(env)
         return env, scalars
 
 
@@ -455,6 +455,64 @@ def _host_refs(obj):
 
 class _HostIndex(int):
     """An index into a call's host values (see `_host_refs`)."""
+
+
+class _HostStep:
+    """One host node (target, arguments and outputs with `_HostIndex` markers), run on each call's host values.
+
+    Its argument getters are made once, when planned: an optimizer's host steps are foreach ops
+    over every parameter's `step` count, rebuilt from lists of indices on every call.
+    """
+
+    __slots__ = ("target", "args", "kwargs", "out", "_getters", "_kw_getters", "_store")
+
+    def __init__(self, target, args, kwargs, out):
+        self.target, self.args, self.kwargs, self.out = target, args, kwargs, out
+        self._getters = [_getter(a) for a in args]
+        self._kw_getters = {k: _getter(v) for k, v in kwargs.items()}
+        self._store = _storer(out)
+
+    def run(self, env: list) -> None:
+        kwargs = {k: get(env) for k, get in self._kw_getters.items()} if self._kw_getters else {}
+        self._store(env, self.target(*[get(env) for get in self._getters], **kwargs))
+
+
+def _getter(obj):
+    """A function of the host values giving a host step's argument `obj` (a marker, a list of them, a constant)."""
+    if type(obj) is _HostIndex:
+        return operator.itemgetter(obj)
+    if isinstance(obj, (list, tuple)) and obj and all(type(o) is _HostIndex for o in obj):
+        indices, kind = tuple(obj), type(obj) if type(obj) in (list, tuple) else list
+        return lambda env: kind([env[i] for i in indices])
+    if not _has_marker(obj):
+        return lambda env: obj
+    return lambda env: _host_args(obj, env)
+
+
+def _storer(out):
+    """A function storing a host step's result into the host values at the markers of `out`."""
+    if type(out) is _HostIndex:
+        def store(env, result):
+            env[out] = result
+        return store
+    if isinstance(out, (list, tuple)) and all(type(o) is _HostIndex for o in out):
+        indices = tuple(out)
+
+        def store_all(env, results):
+            for i, r in zip(indices, results):
+                env[i] = r
+        return store_all
+    return lambda env, result: _assign(env, out, result)
+
+
+def _has_marker(obj) -> bool:
+    if type(obj) is _HostIndex:
+        return True
+    if isinstance(obj, (list, tuple)):
+        return any(_has_marker(o) for o in obj)
+    if isinstance(obj, dict):
+        return any(_has_marker(v) for v in obj.values())
+    return False
 
 
 def _host_args(obj, env):
