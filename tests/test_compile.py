@@ -417,3 +417,27 @@ def test_eager_foreach_with_cpu_scalar_tensor_list():
     out = torch._foreach_div([t.to(TPU) for t in a], b)
     for o, r in zip(out, torch._foreach_div(a, b)):
         assert torch.equal(o.cpu(), r)
+
+
+def test_graph_call_leaves_value_check_flags_pending():
+    """A graph call is not a materialization point: the flags of an earlier graph's checked ops (an
+    embedding's index range) stay pending through the next graph's call, whose launch would otherwise
+    wait for the earlier program; the next read checks them, and a bad index still raises there."""
+    from torch_tpu.eager import valuecheck
+
+    torch.manual_seed(0)
+    emb = torch.nn.Embedding(10, 4)
+    tpu_emb = copy.deepcopy(emb).to(TPU)
+    lookup = torch.compile(lambda tokens: tpu_emb(tokens) * 2, backend="tpu")
+    shift = torch.compile(lambda x: x.sum(-1) + 1, backend="tpu")
+    tokens = torch.tensor([[1, 2, 3], [4, 5, 9]])
+    expected = (emb(tokens) * 2).sum(-1) + 1
+    torch.testing.assert_close(shift(lookup(tokens.to(TPU))).cpu(), expected)  # compiles both
+    looked_up = lookup(tokens.to(TPU))
+    assert valuecheck.pending() >= 1
+    out = shift(looked_up)
+    assert valuecheck.pending() >= 1  # the second graph's call read no flag
+    torch.testing.assert_close(out.cpu(), expected)
+    assert valuecheck.pending() == 0
+    with pytest.raises(IndexError, match="index out of range in self"):
+        shift(lookup(torch.tensor([[1, 12, 3], [0, 0, 0]], device=TPU))).cpu()
