@@ -100,3 +100,22 @@ def no_fallback():
         yield
     finally:
         config.fallback = previous
+
+
+# The OpInfo sweep's chunks (tests/test_opinfo.py::test_opinfo_sweep[MODE-KofN]) are pytest-xdist work units of
+# their own under --dist loadfile, so they spread over the workers; every other test keeps one process per file
+# (tests in a file share module state). docs/ops.md: how the sweep is split.
+_OWN_UNIT = "tests/test_opinfo.py::test_opinfo_sweep["
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class SweepChunksOwnUnits(LoadFileScheduling):
+        def _split_scope(self, nodeid):
+            return nodeid if nodeid.startswith(_OWN_UNIT) else super()._split_scope(nodeid)
+
+    return SweepChunksOwnUnits(config, log)

@@ -5,10 +5,12 @@ and runnable alone for debugging one op:
 
     python tests/opinfo_sweep.py --mode float32 --op cumprod -v
 
-Each entry of `op_db` is run in each mode on its first `SAMPLES` sample inputs:
+Each entry of `op_db` is run in each mode on its first `SAMPLES_BY_MODE[mode]` sample inputs
+(the heavy sweep splits each mode into `CHUNKS[mode]` chunks, one pytest-xdist work unit each):
   float32           forward, float32 samples
   float32_backward  input gradients of float32 samples (entries that support autograd)
   bfloat16          forward, bfloat16 samples
+  float32_variants  in-place (dense and strided self) and out= variants of float32 samples
 with TORCH_TPU_FALLBACK=error semantics, so a CPU fallback raises and the entry
 is classified "fallback" instead of silently running on the CPU. Results:
   pass      every sample matched CPU within tolerance, natively
@@ -20,12 +22,16 @@ is classified "fallback" instead of silently running on the CPU. Results:
 """
 from __future__ import annotations
 
+import fcntl
+import functools
 import itertools
 import json
 import math
+import os
 import pathlib
 import re
 import sys
+import tempfile
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -34,10 +40,15 @@ import torch
 from torch.utils import _pytree as pytree
 
 SAMPLES = 3
-# The heavy sweep's samples per entry (default SAMPLES): later samples hold PyTorch's edge cases
-# (0-d and empty tensors, broadcasting masks, short padding forms), so float32 forward runs 10.
-# Backward and bfloat16 stay at 3 within CI's time budget (10 there needs the sweep split across processes).
-SAMPLES_BY_MODE = {"float32": 10, "float32_variants": 1}
+# The heavy sweep's samples per entry: later samples hold PyTorch's edge cases (0-d and empty tensors,
+# broadcasting masks, short padding forms). Variants run one sample: each runs the op three times
+# (in-place on a dense and a strided self, out=) and checks aliasing, which later samples do not change.
+SAMPLES_BY_MODE = {"float32": 10, "float32_backward": 10, "bfloat16": 10, "float32_variants": 1}
+
+# The heavy sweep's chunks per mode: chunk k of n runs every n-th eligible entry from the k-th (op_db
+# order interleaves op families, so chunks cost about the same). tests/conftest.py makes each chunk its
+# own pytest-xdist work unit; sized so one chunk takes a few minutes in CI (measured in docs/ops.md).
+CHUNKS = {"float32": 4, "float32_backward": 4, "bfloat16": 3, "float32_variants": 1}
 
 MODES = {  # mode -> (dtype, backward)
     "float32": (torch.float32, False),
@@ -418,10 +429,27 @@ def _tol_for(tol: dict, name: str, mode: str):
     return tol.get((name, mode)) or tol.get(name)
 
 
+@functools.lru_cache(maxsize=None)
+def _eligible_entries(mode: str) -> list:
+    return [(entry_name(op), op) for op in op_db() if eligible(op, mode)]
+
+
+def mode_entries(mode: str, chunk: tuple | None = None) -> list:
+    """[(entry name, op)] of the op_db entries eligible in `mode`, in op_db order; `chunk` (k, n): every
+    n-th from the k-th."""
+    entries = _eligible_entries(mode)
+    if chunk is None:
+        return list(entries)
+    k, n = chunk
+    if not 0 <= k < n:
+        raise ValueError(f"chunk {k} of {n}: expected 0 <= k < n")
+    return entries[k::n]
+
+
 def run_mode(mode: str, samples: int = SAMPLES, skip=None, xfail=None, tol=None, metadata_only=None,
              samples_on_tpu=(), canonical=None, opmath_reference=(), names=None, verbose=False,
-             progress=None) -> dict:
-    """{entry name: Outcome} for every op_db entry eligible in `mode`.
+             progress=None, chunk=None) -> dict:
+    """{entry name: Outcome} for every op_db entry eligible in `mode` (`chunk` (k, n): that chunk's).
 
     Tables (name -> value; xfail and tol also take (name, mode) keys): skip and xfail
     reasons, tol (atol, rtol), metadata_only reasons (or (reason, predicate of a sample): only
@@ -433,11 +461,8 @@ def run_mode(mode: str, samples: int = SAMPLES, skip=None, xfail=None, tol=None,
     skip, xfail, tol, metadata_only = skip or {}, xfail or {}, tol or {}, metadata_only or {}
     canonical = canonical or {}
     results = {}
-    for op in op_db():
-        name = entry_name(op)
+    for name, op in mode_entries(mode, chunk):
         if names and name not in names and op.name not in names:
-            continue
-        if not eligible(op, mode):
             continue
         if name in skip:
             results[name] = Outcome("skip", skip[name])
@@ -520,6 +545,72 @@ def write_docs(mode: str, results: dict, samples: int = SAMPLES) -> None:
     DOC.write_text(render(data))
 
 
+# ---------------------------------------------------------------- chunks across processes
+RUNS = pathlib.Path(tempfile.gettempdir()) / "torch_tpu-opinfo"
+
+
+def record_chunk(run_id: str, mode: str, chunk: int, chunks: int, samples: int, results: dict) -> dict | None:
+    """Store chunk `chunk` of `chunks` of `mode` for test run `run_id` (xdist's testrun_uid: every worker of one
+    run shares it). The chunk that completes the mode merges all of them (merge_chunks: a missing or foreign
+    entry raises), rewrites the mode's docs and returns the merged results; otherwise None."""
+    run_dir = RUNS / run_id
+    run_dir.mkdir(parents=True, exist_ok=True)
+    part = {"mode": mode, "chunk": chunk, "chunks": chunks, "samples": samples,
+            "results": {name: [o.status, o.reason, o.seconds] for name, o in sorted(results.items())}}
+    tmp = run_dir / f".{mode}.{chunk}of{chunks}.{os.getpid()}"
+    tmp.write_text(json.dumps(part, sort_keys=True))
+    tmp.replace(run_dir / f"{mode}.{chunk}of{chunks}.json")  # atomic: a reader sees a whole chunk or none
+    with open(run_dir / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one writer of docs/op-coverage.* at a time, one merge per mode
+        done = run_dir / f"{mode}.done"
+        paths = [run_dir / f"{mode}.{k}of{chunks}.json" for k in range(chunks)]
+        if done.exists() or not all(p.exists() for p in paths):
+            return None
+        merged = merge_chunks(mode, [json.loads(p.read_text()) for p in paths])
+        write_docs(mode, merged, samples)
+        done.touch()
+    return merged
+
+
+def merge_chunks(mode: str, parts: list) -> dict:
+    """One mode's results from its chunks' records: raises unless they are chunks 0..n-1 of one run
+    configuration and hold every entry eligible in `mode` exactly once (never a partial doc)."""
+    if not parts:
+        raise AssertionError(f"OpInfo {mode}: no chunks to merge")
+    chunks, samples = parts[0]["chunks"], parts[0]["samples"]
+    got = sorted(p["chunk"] for p in parts)
+    if got != list(range(chunks)) or {(p["mode"], p["chunks"], p["samples"]) for p in parts} != {(mode, chunks, samples)}:
+        raise AssertionError(f"OpInfo {mode}: chunks {got} of {chunks} at {samples} samples do not make one sweep")
+    merged = {}
+    for p in parts:
+        for name, (status, reason, seconds) in p["results"].items():
+            if name in merged:
+                raise AssertionError(f"OpInfo {mode}: entry {name} in two chunks")
+            merged[name] = Outcome(status, reason, seconds=seconds)
+    expected = {name for name, _ in mode_entries(mode)}
+    if set(merged) != expected:
+        raise AssertionError(f"OpInfo {mode}: merged chunks miss {sorted(expected - set(merged))[:20]} and hold "
+                             f"foreign entries {sorted(set(merged) - expected)[:20]}")
+    return merged
+
+
+def check_docs_complete() -> None:
+    """docs/op-coverage.json holds every mode at its heavy sample count, each with exactly its eligible
+    entries, and docs/op-coverage.md is its rendering (no partial or hand-edited doc gets committed)."""
+    data = _load(DOC_JSON)
+    modes = data.get("modes", {})
+    assert sorted(modes) == sorted(MODES), f"docs/op-coverage.json holds modes {sorted(modes)}"
+    for mode, section in modes.items():
+        assert section["samples"] == SAMPLES_BY_MODE[mode], (
+            f"{mode}: docs/op-coverage.json is from a sweep at {section['samples']} samples, the heavy sweep runs "
+            f"{SAMPLES_BY_MODE[mode]}")
+        expected = {name for name, _ in mode_entries(mode)}
+        assert set(section["results"]) == expected, (
+            f"{mode}: docs/op-coverage.json misses {sorted(expected - set(section['results']))[:20]}, holds "
+            f"foreign entries {sorted(set(section['results']) - expected)[:20]}")
+    assert DOC.read_text() == render(data), "docs/op-coverage.md is not the rendering of docs/op-coverage.json"
+
+
 def render(data: dict) -> str:
     modes = [m for m in MODES if m in data.get("modes", {})]
     v = data.get("versions", {})
@@ -586,9 +677,22 @@ def passes(results: dict) -> set:
     return {name for name, o in results.items() if o.status == "pass"}
 
 
-def check_ratchet(mode: str, results: dict, quick: bool = False) -> None:
-    """Fail if an entry in the committed baseline's pass set no longer passes, or the count drops."""
-    baseline = set(_load(BASELINE).get(mode, []))
+def check_ratchet(mode: str, results: dict, quick: bool = False, samples: int | None = None,
+                  entries=None) -> None:
+    """Fail if an entry in the committed baseline's pass set no longer passes, or the count drops.
+
+    `samples`: the run's samples per entry, which must be the count the baseline was accepted at.
+    `entries` (one chunk's names): only the baseline entries among them are checked, not the count.
+    """
+    committed = _load(BASELINE)
+    if samples is not None and committed.get("samples", {}).get(mode) != samples:
+        raise AssertionError(f"OpInfo {mode}: the baseline was accepted at {committed.get('samples', {}).get(mode)} "
+                             f"samples per entry, this sweep runs {samples}: `python tests/opinfo_sweep.py --accept` "
+                             "after a full sweep at the new count")
+    baseline = set(committed.get(mode, []))
+    if entries is not None:
+        baseline &= set(entries)
+        quick = True
     now = passes(results)
     lost = sorted(n for n in baseline - now if not (quick and results.get(n, Outcome("n/a")).status == "n/a"))
     if lost:
@@ -634,12 +738,17 @@ def accept(tables: dict | None = None) -> None:
     baseline = _load(BASELINE)
     if tables is not None:
         baseline["tables"] = table_entries(tables)
+    counts = baseline.setdefault("samples", {})
     for mode, section in data.get("modes", {}).items():
         now = {n for n, (status, _) in section["results"].items() if status == "pass"}
         old = set(baseline.get(mode, []))
-        if old - now:
+        # A new sample count is a new ratchet: the entries its later samples fail leave the pass set (listed).
+        if old - now and counts.get(mode) == section["samples"]:
             raise SystemExit(f"{mode}: refusing to drop {sorted(old - now)} from the baseline")
+        if old - now:
+            print(f"{mode}: {counts.get(mode)} -> {section['samples']} samples per entry drops {sorted(old - now)}")
         baseline[mode] = sorted(now)
+        counts[mode] = section["samples"]
         print(f"{mode}: baseline {len(old)} -> {len(now)} passes")
     BASELINE.write_text(json.dumps(baseline, indent=1, sort_keys=True) + "\n")
 
@@ -650,7 +759,10 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mode", default="float32", choices=list(MODES))
     parser.add_argument("--op", action="append", help="entry or op name (repeatable); default: all")
-    parser.add_argument("--samples", type=int, default=SAMPLES)
+    parser.add_argument("--samples", type=int, default=None,
+                        help="samples per entry (0: all); default: the heavy sweep's count for the mode")
+    parser.add_argument("--chunk", default=None, metavar="K/N",
+                        help="only chunk K (1-based) of N, as the heavy sweep's test_opinfo_sweep[MODE-KofN] runs it")
     parser.add_argument("--only", default=None, help="print only entries with this status")
     parser.add_argument("--accept", action="store_true", help="raise the baseline to docs/op-coverage.json")
     parser.add_argument("-v", "--verbose", action="store_true")
@@ -668,9 +780,13 @@ def main(argv=None):
         if args.only is None or o.status == args.only:
             print(f"{o.status:9s} {o.seconds:6.2f}s {name:45s} {o.reason}", flush=True)
 
-    results = run_mode(args.mode, args.samples, t.SKIP, t.XFAIL, t.TOL, t.METADATA_ONLY, t.SAMPLES_ON_TPU, t.CANONICAL,
-                       t.OPMATH_REFERENCE, names=args.op,
-                       verbose=args.verbose, progress=progress)
+    samples = SAMPLES_BY_MODE[args.mode] if args.samples is None else args.samples
+    chunk = None
+    if args.chunk:
+        k, n = (int(x) for x in args.chunk.split("/"))
+        chunk = (k - 1, n)
+    results = run_mode(args.mode, samples, t.SKIP, t.XFAIL, t.TOL, t.METADATA_ONLY, t.SAMPLES_ON_TPU, t.CANONICAL,
+                       t.OPMATH_REFERENCE, names=args.op, verbose=args.verbose, progress=progress, chunk=chunk)
     print(summary_line(args.mode, results))
 
 

@@ -7,7 +7,8 @@ is no reference). Results go to docs/op-coverage.md (and .json); the pass sets
 may never shrink below tests/op_coverage_baseline.json (the ratchet). Raise the
 baseline deliberately: `python tests/opinfo_sweep.py --accept` after a sweep.
 
-The full sweep is heavy (`make test-heavy`); a float32-forward sweep over one
+The full sweep is heavy (`make test-heavy`), split into chunks per mode (`CHUNKS` in
+tests/opinfo_sweep.py) that pytest-xdist runs as separate work units; a float32-forward sweep over one
 sample per entry runs in the default suite.
 """
 from __future__ import annotations
@@ -130,27 +131,50 @@ TABLES = {"SKIP": SKIP, "XFAIL": XFAIL, "TOL": TOL, "METADATA_ONLY": METADATA_ON
           "OPMATH_REFERENCE": OPMATH_REFERENCE, "SAMPLES_ON_TPU": SAMPLES_ON_TPU}
 
 
-def _sweep(mode, samples):
+def _sweep(mode, samples, chunk=None):
     results = sweep.run_mode(mode, samples=samples, skip=SKIP, xfail=XFAIL, tol=TOL, metadata_only=METADATA_ONLY,
-                             samples_on_tpu=SAMPLES_ON_TPU, canonical=CANONICAL, opmath_reference=OPMATH_REFERENCE)
+                             samples_on_tpu=SAMPLES_ON_TPU, canonical=CANONICAL, opmath_reference=OPMATH_REFERENCE,
+                             chunk=chunk)
     print()
-    print(sweep.summary_line(mode, results))
+    print(sweep.summary_line(mode, results) + (f" [chunk {chunk[0] + 1} of {chunk[1]}]" if chunk else ""))
     return results
 
 
+# One test per chunk; tests/conftest.py makes each its own xdist work unit (the rest of the suite keeps
+# --dist loadfile's one process per file), so the chunks spread over the workers.
+_CHUNKS = [pytest.param(mode, k, id=f"{mode}-{k + 1}of{n}") for mode, n in sweep.CHUNKS.items() for k in range(n)]
+
+
 @pytest.mark.heavy
-@pytest.mark.parametrize("mode", list(sweep.MODES))
-def test_opinfo_sweep(mode):
-    """Every op_db entry in `mode`: docs/op-coverage.md is rewritten; the pass set never shrinks."""
-    samples = sweep.SAMPLES_BY_MODE.get(mode, sweep.SAMPLES)
-    results = _sweep(mode, samples)
-    sweep.write_docs(mode, results, samples)
-    sweep.check_ratchet(mode, results)
+@pytest.mark.parametrize("mode,chunk", _CHUNKS)
+def test_opinfo_sweep(mode, chunk, testrun_uid):
+    """Chunk `chunk` of `mode`'s op_db entries: its baseline passes still pass. The chunk that completes the
+    mode in this test run rewrites docs/op-coverage.md from all of them and checks the whole mode's ratchet."""
+    samples, chunks = sweep.SAMPLES_BY_MODE[mode], sweep.CHUNKS[mode]
+    results = _sweep(mode, samples, (chunk, chunks))
+    merged = sweep.record_chunk(testrun_uid, mode, chunk, chunks, samples, results)
+    sweep.check_ratchet(mode, results, samples=samples, entries=[n for n, _ in sweep.mode_entries(mode, (chunk, chunks))])
     sweep.check_xfail(mode, results, XFAIL)
+    if merged is not None:
+        print(sweep.summary_line(mode, merged) + " [all chunks; docs/op-coverage.md rewritten]")
+        sweep.check_ratchet(mode, merged, samples=samples)
 
 
 # The quick run's floor sits just under its measured rate (99.1% of entries on one sample).
 QUICK_FLOOR = 0.97
+
+
+def test_opinfo_chunks_partition_every_mode():
+    """The heavy sweep's chunks hold every eligible entry of each mode exactly once."""
+    for mode, n in sweep.CHUNKS.items():
+        names = [name for k in range(n) for name, _ in sweep.mode_entries(mode, (k, n))]
+        assert sorted(names) == sorted(name for name, _ in sweep.mode_entries(mode)), mode
+
+
+def test_op_coverage_doc_is_whole():
+    """docs/op-coverage.md is the rendering of a whole sweep: every mode at its heavy sample count, each with
+    all its eligible entries (a sweep assembled from chunks never commits a partial doc)."""
+    sweep.check_docs_complete()
 
 
 def test_opinfo_exemption_tables_ratchet():
