@@ -569,6 +569,8 @@ def record_chunk(run_id: str, mode: str, chunk: int, chunks: int, samples: int, 
         merged = merge_chunks(mode, [json.loads(p.read_text()) for p in paths])
         write_docs(mode, merged, samples)
         done.touch()
+        for p in paths:
+            p.unlink()
     return merged
 
 
