@@ -164,6 +164,7 @@ def test_opinfo_sweep(mode, chunk, testrun_uid):
 QUICK_FLOOR = 0.97
 
 
+@pytest.mark.one_mode
 def test_opinfo_chunks_partition_every_mode():
     """The heavy sweep's chunks hold every eligible entry of each mode exactly once."""
     for mode, n in sweep.CHUNKS.items():
@@ -171,6 +172,40 @@ def test_opinfo_chunks_partition_every_mode():
         assert sorted(names) == sorted(name for name, _ in sweep.mode_entries(mode)), mode
 
 
+@pytest.mark.one_mode
+def test_opinfo_chunks_merge_once_and_never_partially(tmp_path, monkeypatch):
+    """record_chunk merges a mode only when its last chunk arrives (docs written once, sorted, whatever the
+    order); merge_chunks refuses a missing chunk, a missing entry or an entry in two chunks."""
+    mode, n = "float32_variants", 3
+    parts = [{name: sweep.Outcome("pass" if i % 2 else "error", f"r{i}", seconds=0.5)
+              for i, (name, _) in enumerate(sweep.mode_entries(mode, (k, n)))} for k in range(n)]
+    written = []
+    monkeypatch.setattr(sweep, "RUNS", tmp_path)
+    monkeypatch.setattr(sweep, "write_docs", lambda m, results, samples: written.append((m, sorted(results), samples)))
+    assert sweep.record_chunk("run", mode, 2, n, 1, parts[2]) is None
+    assert sweep.record_chunk("run", mode, 0, n, 1, parts[0]) is None and not written
+    merged = sweep.record_chunk("run", mode, 1, n, 1, parts[1])
+    assert written == [(mode, sorted(merged), 1)]
+    assert sorted(merged) == sorted(name for name, _ in sweep.mode_entries(mode))
+    assert {name: (o.status, o.reason) for name, o in merged.items()} == {
+        name: (o.status, o.reason) for part in parts for name, o in part.items()}
+    assert sweep.record_chunk("run", mode, 1, n, 1, parts[1]) is None and len(written) == 1  # merged once
+
+    def record(k, results):
+        return {"mode": mode, "chunk": k, "chunks": n, "samples": 1,
+                "results": {name: [o.status, o.reason, o.seconds] for name, o in results.items()}}
+
+    with pytest.raises(AssertionError, match="do not make one sweep"):
+        sweep.merge_chunks(mode, [record(0, parts[0]), record(1, parts[1])])
+    short = dict(list(parts[2].items())[1:])
+    with pytest.raises(AssertionError, match="miss"):
+        sweep.merge_chunks(mode, [record(0, parts[0]), record(1, parts[1]), record(2, short)])
+    twice = {**parts[2], **dict(list(parts[1].items())[:1])}
+    with pytest.raises(AssertionError, match="in two chunks"):
+        sweep.merge_chunks(mode, [record(0, parts[0]), record(1, parts[1]), record(2, twice)])
+
+
+@pytest.mark.one_mode
 def test_op_coverage_doc_is_whole():
     """docs/op-coverage.md is the rendering of a whole sweep: every mode at its heavy sample count, each with
     all its eligible entries (a sweep assembled from chunks never commits a partial doc)."""
