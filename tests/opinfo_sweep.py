@@ -44,7 +44,7 @@ SAMPLES = 3
 # broadcasting masks, short padding forms). Variants run one sample: each runs the op three times
 # (in-place on a dense and a strided self, out=) and checks aliasing. Backward and bfloat16 at 10 cost
 # about 2.2x their 3 (docs/ops.md): that adds more to the heavy suite than splitting it saves, so they
-# move to 10 with a saving elsewhere (then: CHUNKS 8 and 6, a full sweep, `--accept`).
+# move to 10 with a saving elsewhere (then: CHUNKS 8 and 5, a full sweep, `--accept`).
 SAMPLES_BY_MODE = {"float32": 10, "float32_backward": 3, "bfloat16": 3, "float32_variants": 1}
 
 # The heavy sweep's chunks per mode: chunk k of n runs every n-th eligible entry from the k-th (op_db
