@@ -206,6 +206,35 @@ def test_opinfo_chunks_merge_once_and_never_partially(tmp_path, monkeypatch):
 
 
 @pytest.mark.one_mode
+def test_opinfo_accept_resets_a_mode_only_at_a_new_sample_count(tmp_path, monkeypatch):
+    """--accept never drops a baseline pass at the same samples per entry; at a new count the mode's pass set
+    becomes the new one, and the ratchet then refuses a sweep at another count."""
+    import json
+
+    doc, baseline = tmp_path / "op-coverage.json", tmp_path / "baseline.json"
+    monkeypatch.setattr(sweep, "DOC_JSON", doc)
+    monkeypatch.setattr(sweep, "BASELINE", baseline)
+    baseline.write_text(json.dumps({"bfloat16": ["a", "b"], "samples": {"bfloat16": 3}}))
+
+    def sweep_at(samples, b_status):
+        doc.write_text(json.dumps({"modes": {"bfloat16": {"samples": samples, "results": {
+            "a": ["pass", ""], "b": [b_status, "sample 7: mismatch"]}}}}))
+
+    sweep_at(3, "mismatch")
+    with pytest.raises(SystemExit, match="refusing to drop"):
+        sweep.accept()
+    sweep_at(10, "mismatch")
+    sweep.accept()
+    assert json.loads(baseline.read_text()) == {"bfloat16": ["a"], "samples": {"bfloat16": 10}}
+    results = {"a": sweep.Outcome("pass"), "b": sweep.Outcome("mismatch")}
+    sweep.check_ratchet("bfloat16", results, samples=10)
+    with pytest.raises(AssertionError, match="accepted at 10 samples"):
+        sweep.check_ratchet("bfloat16", results, samples=3)
+    with pytest.raises(AssertionError, match="regressed"):
+        sweep.check_ratchet("bfloat16", {"a": sweep.Outcome("error")}, samples=10, entries=["a"])
+
+
+@pytest.mark.one_mode
 def test_op_coverage_doc_is_whole():
     """docs/op-coverage.md is the rendering of a whole sweep: every mode at its heavy sample count, each with
     all its eligible entries (a sweep assembled from chunks never commits a partial doc)."""
