@@ -24,17 +24,10 @@ SKIP = {
     "to_sparse": "sparse tensors: the tpu device has dense storage only",
 }
 
-_CUDA_STATS = "saved mean/invstd as CUDA returns them (float32 accumulation type; (C,) in eval mode), not as CPU"
-
 # Entries expected not to pass (reason shown in the docs): name, or (name, mode). An XFAIL entry that
 # passes fails the sweep: remove it from this table.
 XFAIL = {
     "chalf": "complex32 has no XLA type: tpu tensors refuse the dtype with a TypeError",
-    # Saved statistics follow CUDA's kernels (float32 for low-precision inputs; shape (C,) in eval mode),
-    # where PyTorch's CPU kernels return the input dtype and, in eval mode, empty tensors.
-    ("native_batch_norm", "float32"): _CUDA_STATS, ("native_batch_norm", "bfloat16"): _CUDA_STATS,
-    ("_native_batch_norm_legit", "float32"): _CUDA_STATS, ("_native_batch_norm_legit", "bfloat16"): _CUDA_STATS,
-    ("_batch_norm_with_update", "bfloat16"): _CUDA_STATS, ("native_layer_norm", "bfloat16"): _CUDA_STATS,
     ("matrix_exp", "bfloat16"): "PyTorch's CPU bfloat16 matrix_exp overflows to NaN on these samples (we compute in "
                                 "float32 and round once)",
 }

@@ -65,7 +65,8 @@ class OpSpec:
         for r in schema.returns:
             alias = r.alias_info
             if alias is not None and alias.is_write:
-                target = next(i for i in self.writes if args[i].alias_info.before_set == alias.before_set)
+                target = next(i for i in self.writes  # (a `mutates` argument has no alias info)
+                              if args[i].alias_info is not None and args[i].alias_info.before_set == alias.before_set)
                 returns.append(("arg", target))
             elif "Tensor" not in str(r.type):
                 returns.append(("value", None))
@@ -117,7 +118,10 @@ def functional_counterpart(op: torch._ops.OpOverload) -> torch._ops.OpOverload |
         packet = getattr(aten, packet_name, None)
         if packet is None:
             return None
-        wanted = [(a.name, str(a.type)) for a in op._schema.arguments if not (a.alias_info and a.alias_info.is_write)]
+        # Only the out= (kwarg-only) arguments are left out: an out= op that also writes an input
+        # (_native_batch_norm_legit.out's running stats) has no alias-free counterpart.
+        wanted = [(a.name, str(a.type)) for a in op._schema.arguments
+                  if not (a.kwarg_only and a.alias_info and a.alias_info.is_write)]
         for overload in packet.overloads():
             candidate = getattr(packet, overload)
             cs = candidate._schema

@@ -149,7 +149,9 @@ def _build(key, spec: OpSpec, lowering: Lowering, scalars: list, via_functional:
                             lambda v, dtype: torch.empty((), dtype=dtype, device="meta"), lambda vs, ts: list(vs))
     if "device" in spec.index:  # factories: build on meta, not on tpu
         meta_args[spec.index["device"]] = torch.device("meta")
-    outputs, return_counts, resize, values = _meta_outputs(spec, meta_args, key_args, lowering.meta)
+    # A lowering's meta override is called like its own op: a derived variant runs its own meta kernel.
+    meta_override = None if via_functional else lowering.meta
+    outputs, return_counts, resize, values = _meta_outputs(spec, meta_args, key_args, meta_override)
 
     # The arguments the lowering sees: out= arguments are not the functional op's, and a variant may
     # order its arguments differently from its functional op (polygamma_(self, n) vs polygamma(n, self)).

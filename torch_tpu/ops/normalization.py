@@ -11,6 +11,8 @@ share the same math. rms_norm is CompositeImplicitAutograd in PyTorch: it
 decomposes into ops lowered elsewhere before reaching "tpu".
 
 Statistics are computed in float32 for float16/bfloat16 inputs, like PyTorch.
+The saved statistics they return follow PyTorch's CPU kernels, not its meta
+kernels (which follow CUDA's): see `_cpu_stats`.
 """
 from __future__ import annotations
 
@@ -31,6 +33,69 @@ def _opmath(x):
 def _channel(v, ndim):
     """A per-channel (C,) vector shaped to broadcast against (N, C, ...)."""
     return v.reshape((1, -1) + (1,) * (ndim - 2))
+
+
+# ---------------------------------------------------------------- saved statistics
+# NOTE(torch-vs-xla): the meta kernels (our output metadata, eager and compiled) give CUDA's saved
+# statistics: float32 for low-precision inputs, and (C,) in eval mode. PyTorch's CPU kernels save them
+# in the parameters' dtype -- float32 only in "mixed type" (a bfloat16/float16 input with float32
+# parameters), the input's dtype otherwise -- and save nothing ((0,)) in eval mode. We follow the CPU:
+# the backward lowerings read only the running statistics in eval mode and upcast saved ones.
+def _cpu_stats(results, x, params, eval_mode=False, running=()):
+    """`results` (a meta run) with its saved statistics (results 1, 2) as PyTorch's CPU saves them, and
+    the new running statistics of a functional form (its last results) in the running statistics' dtype."""
+    import torch
+
+    low = x.dtype in (torch.bfloat16, torch.float16)
+    mixed = low and any(p is not None and p.dtype != x.dtype for p in params)
+    results = list(results)
+    for i in (1, 2):
+        shape = (0,) if eval_mode else results[i].shape
+        results[i] = results[i].new_empty(shape, dtype=torch.float32 if mixed else x.dtype)
+    for i, stat in zip(range(len(results) - len(running), len(results)), running):
+        results[i] = results[i].new_empty(results[i].shape, dtype=stat.dtype)
+    return tuple(results)
+
+
+def _functional(op):
+    return op._schema.name.endswith("_functional")
+
+
+def _meta_batch_norm(op):
+    def meta(x, weight, bias, running_mean, running_var, training, momentum, eps):
+        results = op(x, weight, bias, running_mean, running_var, training, momentum, eps)
+        return _cpu_stats(results, x, (weight, bias, running_mean, running_var), eval_mode=not training,
+                          running=(running_mean, running_var) if _functional(op) else ())
+
+    return meta
+
+
+def _meta_no_stats(x, weight, bias, training, momentum, eps):
+    # No running statistics: normalized with the batch's own, whatever `training` says.
+    return _cpu_stats(aten._native_batch_norm_legit.no_stats(x, weight, bias, training, momentum, eps), x,
+                      (weight, bias))
+
+
+def _meta_fixed_mode(op, eval_mode):
+    def meta(x, weight, bias, running_mean, running_var, momentum, eps):
+        results = op(x, weight, bias, running_mean, running_var, momentum, eps)
+        return _cpu_stats(results, x, (weight, bias, running_mean, running_var),
+                          eval_mode=eval_mode and running_mean is not None,
+                          running=(running_mean, running_var) if _functional(op) else ())
+
+    return meta
+
+
+def _meta_out(op):
+    def meta(x, weight, bias, running_mean, running_var, training, momentum, eps, out, save_mean, save_invstd):
+        op(x, weight, bias, running_mean, running_var, training, momentum, eps, out=out, save_mean=save_mean,
+           save_invstd=save_invstd)
+        if not training:  # out= tensors keep their dtype; in eval mode CPU resizes the saved ones to (0,)
+            save_mean.resize_(0)
+            save_invstd.resize_(0)
+        return out, save_mean, save_invstd
+
+    return meta
 
 
 # ---------------------------------------------------------------- batch norm
@@ -58,25 +123,43 @@ def _batch_norm(x, weight, bias, running_mean, running_var, training, momentum, 
         out = out * _channel(_opmath(weight), x.ndim)
     if bias is not None:
         out = out + _channel(_opmath(bias), x.ndim)
+    if not training:  # CPU saves no statistics in eval mode (_cpu_stats)
+        mean = invstd = jnp.zeros((0,), _F32)
     return out.astype(x.dtype), mean, invstd, new_mean, new_var
 
 
-@lowers(aten.native_batch_norm.default, mutates=("running_mean", "running_var"), runtime=("momentum",))
+@lowers(aten.native_batch_norm.default, mutates=("running_mean", "running_var"), runtime=("momentum",),
+        meta=_meta_batch_norm(aten.native_batch_norm.default))
 def native_batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps):
     return _batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps)
 
 
-@lowers(aten._native_batch_norm_legit.default, aten._native_batch_norm_legit_functional.default, runtime=("momentum",))
+@lowers(aten._native_batch_norm_legit.default, runtime=("momentum",),
+        meta=_meta_batch_norm(aten._native_batch_norm_legit.default))
+@lowers(aten._native_batch_norm_legit_functional.default, runtime=("momentum",),
+        meta=_meta_batch_norm(aten._native_batch_norm_legit_functional.default))
 def native_batch_norm_legit(x, weight, bias, running_mean, running_var, training, momentum, eps):
     return _batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps)
 
 
-@lowers(aten._native_batch_norm_legit.no_stats, runtime=("momentum",))
+@lowers(aten._native_batch_norm_legit.out, runtime=("momentum",), meta=_meta_out(aten._native_batch_norm_legit.out))
+@lowers(aten.native_batch_norm.out, mutates=("running_mean", "running_var"), runtime=("momentum",),
+        meta=_meta_out(aten.native_batch_norm.out))
+def batch_norm_out(x, weight, bias, running_mean, running_var, training, momentum, eps, out, save_mean, save_invstd):
+    # Out= ops that also write the running statistics (no functional counterpart to derive them from):
+    # registered directly, they return each written argument's new value, in argument order.
+    out, mean, invstd, new_mean, new_var = _batch_norm(x, weight, bias, running_mean, running_var, training, momentum,
+                                                       eps)
+    return new_mean, new_var, out, mean, invstd
+
+
+@lowers(aten._native_batch_norm_legit.no_stats, runtime=("momentum",), meta=_meta_no_stats)
 def native_batch_norm_legit_no_stats(x, weight, bias, training, momentum, eps):
     return _batch_norm(x, weight, bias, None, None, True, momentum, eps)[:3]
 
 
-@lowers(aten._native_batch_norm_legit_no_training.default, runtime=("momentum",))
+@lowers(aten._native_batch_norm_legit_no_training.default, runtime=("momentum",),
+        meta=_meta_fixed_mode(aten._native_batch_norm_legit_no_training.default, eval_mode=True))
 def native_batch_norm_legit_no_training(x, weight, bias, running_mean, running_var, momentum, eps):
     return _batch_norm(x, weight, bias, running_mean, running_var, False, momentum, eps)[:3]
 
@@ -85,14 +168,17 @@ def _no_reserve():
     return jnp.zeros((0,), jnp.uint8)  # the cuDNN reserve space PyTorch's schema carries
 
 
-@lowers(aten._batch_norm_with_update.default, aten._batch_norm_with_update_functional.default,
-        runtime=("momentum",))
+@lowers(aten._batch_norm_with_update.default, runtime=("momentum",),
+        meta=_meta_fixed_mode(aten._batch_norm_with_update.default, eval_mode=False))
+@lowers(aten._batch_norm_with_update_functional.default, runtime=("momentum",),
+        meta=_meta_fixed_mode(aten._batch_norm_with_update_functional.default, eval_mode=False))
 def batch_norm_with_update(x, weight, bias, running_mean, running_var, momentum, eps):
     out, mean, invstd, new_mean, new_var = _batch_norm(x, weight, bias, running_mean, running_var, True, momentum, eps)
     return out, mean, invstd, _no_reserve(), new_mean, new_var
 
 
-@lowers(aten._batch_norm_no_update.default, runtime=("momentum",))
+@lowers(aten._batch_norm_no_update.default, runtime=("momentum",),
+        meta=_meta_fixed_mode(aten._batch_norm_no_update.default, eval_mode=True))
 def batch_norm_no_update(x, weight, bias, running_mean, running_var, momentum, eps):
     if running_mean is None:  # no running statistics: normalize with the batch's own
         return (*_batch_norm(x, weight, bias, None, None, True, momentum, eps)[:3], _no_reserve())
@@ -141,7 +227,11 @@ def batch_norm_backward(grad, x, weight, running_mean, running_var, save_mean, s
 
 
 # ---------------------------------------------------------------- layer norm
-@lowers(aten.native_layer_norm.default)
+def _meta_layer_norm(x, normalized_shape, weight, bias, eps):
+    return _cpu_stats(aten.native_layer_norm.default(x, normalized_shape, weight, bias, eps), x, (weight, bias))
+
+
+@lowers(aten.native_layer_norm.default, meta=_meta_layer_norm)
 def native_layer_norm(x, normalized_shape, weight, bias, eps):
     axes = tuple(range(x.ndim - len(normalized_shape), x.ndim))
     a = _opmath(x)
@@ -182,7 +272,11 @@ def _grouped(x, n, group):
     return x.reshape(n, group, -1)
 
 
-@lowers(aten.native_group_norm.default)
+def _meta_group_norm(x, weight, bias, n, c, hxw, group, eps):
+    return _cpu_stats(aten.native_group_norm.default(x, weight, bias, n, c, hxw, group, eps), x, (weight, bias))
+
+
+@lowers(aten.native_group_norm.default, meta=_meta_group_norm)
 def native_group_norm(x, weight, bias, n, c, hxw, group, eps):
     a = _grouped(_opmath(x), n, group)
     mean = jnp.mean(a, axis=-1)
