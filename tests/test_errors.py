@@ -39,9 +39,14 @@ def test_dtype_errors():
 
 
 def test_unsupported_dtype_is_clear():
-    """A dtype XLA cannot hold is refused with a clear TypeError."""
-    with pytest.raises(TypeError, match="do not support dtype"):
-        torch.ones(3, dtype=torch.complex32).to("tpu")
+    """A dtype XLA cannot hold is refused with PyTorch's TypeError for a backend without it (MPS's wording),
+    wherever a tpu tensor of it would be made."""
+    message = "Trying to convert torch.complex32 to the tpu backend but it does not have support for that dtype"
+    for make in (lambda: torch.ones(3, dtype=torch.complex32).to("tpu"),
+                 lambda: torch.zeros(3, dtype=torch.complex32, device="tpu"),
+                 lambda: torch.ones(3, device="tpu").chalf()):
+        with pytest.raises(TypeError, match=message):
+            make()
 
 
 exec(UNLOWERED_OP_SOURCE)

@@ -27,7 +27,8 @@ SKIP = {
 # Entries expected not to pass (reason shown in the docs): name, or (name, mode). An XFAIL entry that
 # passes fails the sweep: remove it from this table.
 XFAIL = {
-    "chalf": "complex32 has no XLA type: tpu tensors refuse the dtype with a TypeError",
+    "chalf": "complex32 has no XLA type: tpu tensors refuse the dtype with PyTorch's TypeError for a backend "
+             "without it",
     ("matrix_exp", "bfloat16"): "PyTorch's CPU bfloat16 matrix_exp overflows to NaN on these samples (we compute in "
                                 "float32 and round once)",
 }

@@ -39,7 +39,9 @@ def to_numpy(dtype: torch.dtype) -> np.dtype:
     try:
         return _TORCH_TO_NUMPY[dtype]
     except KeyError:
-        raise TypeError(f"tpu tensors do not support dtype {dtype}") from None
+        # PyTorch's own wording for a backend without the dtype (MPS's); complex32 has no XLA type.
+        raise TypeError(f"Trying to convert {dtype} to the tpu backend but it does not have support for that "
+                        f"dtype") from None
 
 
 to_jax = to_numpy  # JAX accepts NumPy (and ml_dtypes) dtypes directly
