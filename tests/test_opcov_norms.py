@@ -40,8 +40,7 @@ def _bn_args(xd, pd, c=3):
 
 @pytest.mark.parametrize("xd,pd", DTYPES)
 @pytest.mark.parametrize("training", [True, False])
-@pytest.mark.parametrize("op", [aten.native_batch_norm.default, aten._native_batch_norm_legit.default,
-                                aten._native_batch_norm_legit_functional.default])
+@pytest.mark.parametrize("op", [aten.native_batch_norm.default, aten._native_batch_norm_legit_functional.default])
 def test_batch_norm_saved_stats_like_cpu(op, training, xd, pd):
     """Results, saved mean/invstd (dtype, (0,) in eval mode) and the updated running statistics."""
     x, w, b, rm, rv = _bn_args(xd, pd)
@@ -52,7 +51,7 @@ def test_batch_norm_saved_stats_like_cpu(op, training, xd, pd):
     _check(tpu_stats, cpu_stats, pd)  # written in place (native_batch_norm, _native_batch_norm_legit)
 
 
-@pytest.mark.parametrize("xd,pd", DTYPES)
+@pytest.mark.parametrize("xd,pd", DTYPES[1:])
 @pytest.mark.parametrize("op,training", [(aten._native_batch_norm_legit_no_training.default, False),
                                          (aten._batch_norm_no_update.default, False),
                                          (aten._batch_norm_with_update.default, True)])
