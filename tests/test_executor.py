@@ -44,6 +44,16 @@ def test_float_scalars_are_runtime_inputs():
     torch.testing.assert_close(p.cpu(), expected)
 
 
+def test_negative_zero_scalar_is_not_positive_zero():
+    """-0.0 == 0.0 as a cache key; the device scalar of one must not serve the other (1/(x*-0.0) is -inf)."""
+    x = torch.ones(3, device="tpu")
+    for _ in range(3):  # repeated: the Strict hit path, DeferAndFuse's repeated graph reusing its scalars
+        for scale in (0.0, -0.0, 0.0, -0.0):
+            got = (1 / (x * scale)).cpu()
+            torch.testing.assert_close(got, 1 / (torch.ones(3) * scale))
+            assert torch.signbit(got).tolist() == [str(scale) == "-0.0"] * 3
+
+
 def test_async_returns_before_result_is_needed():
     """Ops return without waiting: no device->host transfer until a materialization point."""
     transfers = metrics.counts.d2h_transfers

@@ -113,9 +113,7 @@ class GraphFunction:
         # DeferAndFuse: its pending eager work runs before this graph. Not a materialization point:
         # pending value-check flags wait for one (reading them here waited for the previous graph,
         # so the forward, backward and optimizer programs of a step ran one after the other).
-        flush = storage._flush
-        if flush is not None:
-            flush("torch.compile")
+        storage.flush_pending("torch.compile")
         key, addresses, arrays, device = self._key(args)
         if key is None:
             return self._run_eager(args)

@@ -30,6 +30,7 @@
 #include <structmember.h>
 
 #include <atomic>
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -676,6 +677,17 @@ py::object fast_signature(py::handle op, py::tuple kinds, py::list full, py::dic
 // `layouts`: per output (sizes, strides, dtype), or None for an undefined result.
 py::list new_outputs(py::sequence layouts, py::sequence arrays, int index, py::dict buffers);
 
+// The key of a runtime scalar's device array in executor._scalar_cache, as executor.scalar_key
+// builds it: (type, value, device), with negative zero apart (-0.0 == 0.0 as a dict key).
+py::tuple scalar_cache_key(const py::object& value, const py::int_& device) {
+  PyObject* type = reinterpret_cast<PyObject*>(Py_TYPE(value.ptr()));
+  if (PyFloat_CheckExact(value.ptr())) {
+    double d = PyFloat_AS_DOUBLE(value.ptr());
+    if (d == 0.0 && std::signbit(d)) return py::make_tuple(py::handle(type), py::str("-0.0"), device);
+  }
+  return py::make_tuple(py::handle(type), value, device);
+}
+
 // ---------------------------------------------------------------- cache-hit fast path
 // Counters the Python metrics add to their own (the fast path never touches Python objects for them).
 std::atomic<int64_t> g_fast_ops{0};
@@ -711,7 +723,7 @@ py::object run_cached(py::handle op, py::tuple kinds, py::list full, py::dict bu
   py::int_ device(sig.device);
   for (size_t i = 0; i < sig.scalars.size(); ++i) {
     py::object value = sig.scalars[i];
-    py::tuple cache_key = py::make_tuple(py::handle(reinterpret_cast<PyObject*>(Py_TYPE(value.ptr()))), value, device);
+    py::tuple cache_key = scalar_cache_key(value, device);
     PyObject* array = PyDict_GetItem(scalar_cache.ptr(), cache_key.ptr());
     if (array == nullptr) return py::reinterpret_borrow<py::object>(miss);
     scalars[i] = py::reinterpret_borrow<py::object>(array);
@@ -1549,8 +1561,7 @@ struct BoxedKernel final : c10::OperatorKernel {
       auto found = g_scalar_arrays.find(sk);
       if (found == g_scalar_arrays.end()) {
         py::object value = s.to_python();
-        py::tuple cache_key = py::make_tuple(py::handle(reinterpret_cast<PyObject*>(Py_TYPE(value.ptr()))), value,
-                                             py::int_(device));
+        py::tuple cache_key = scalar_cache_key(value, py::int_(device));
         PyObject* array = PyDict_GetItem(k->scalar_cache.ptr(), cache_key.ptr());
         if (array == nullptr) return false;  // the Python path makes it
         if (g_scalar_arrays.size() >= kScalarArraysLimit) g_scalar_arrays.clear();

@@ -318,7 +318,7 @@ class Segment:
         # A repeated graph mostly repeats its scalars; each position's type is fixed by its program
         # (part of the plan's fingerprint), so equal values mean the same device arrays.
         last = self.last_scalars
-        if last is not None and last[0] == raw:
+        if last is not None and executor.same_scalars(last[0], raw):
             scalars = last[1]
         else:
             scalars = executor._device_scalars(raw, self.device) if raw else []

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 
 import jax
 import torch
@@ -298,10 +299,24 @@ _scalar_cache: dict = {}
 _SCALAR_CACHE_LIMIT = 4096
 
 
+def scalar_key(value, device: int) -> tuple:
+    """The cache key of a runtime scalar: -0.0 == 0.0 as a dict key, so negative zero has its own
+    (csrc/native.cpp builds the same keys)."""
+    if not value and type(value) is float and math.copysign(1.0, value) < 0:
+        return (float, "-0.0", device)
+    return (type(value), value, device)
+
+
+def same_scalars(a: list, b: list) -> bool:
+    """Equal runtime scalar lists, telling -0.0 from 0.0 (list equality does not)."""
+    return a == b and all(x or type(x) is not float or math.copysign(1.0, x) == math.copysign(1.0, y)
+                          for x, y in zip(a, b))
+
+
 def _device_scalars(scalars: list, device: int) -> list:
     out = []
     for value in scalars:
-        cache_key = (type(value), value, device)
+        cache_key = scalar_key(value, device)
         array = _scalar_cache.get(cache_key)
         if array is None:
             if len(_scalar_cache) >= _SCALAR_CACHE_LIMIT:

@@ -63,15 +63,22 @@ def set_check(check) -> None:
     _check = check
 
 
+def flush_pending(reason: str) -> None:
+    """Make pending buffer values concrete (DeferAndFuse runs what it recorded) without reading value-check
+    flags: for points that need values on the device but raise nothing (a resize, a compiled graph's launch)."""
+    flush = _flush
+    if flush is not None:
+        flush(reason)
+
+
 def materialize(reason: str = "read") -> None:
     """Make every buffer value concrete before reading one (a materialization point).
 
     Every code path that needs a storage's value rather than its metadata
     calls this first: device->host copies (`.cpu()`, `.item()`, `print`,
     `bool()`), moves between devices, `torch.tpu.synchronize()`, CPU
-    fallbacks and data-dependent shapes (through `.cpu()`), and collectives
-    (TODO(distributed issue): a skinny-mode collective calls this before it
-    launches). In Strict mode it costs one global read.
+    fallbacks and data-dependent shapes (through `.cpu()`), and skinny-mode
+    collectives. In Strict mode it costs two global reads.
     """
     flush = _flush
     if flush is not None:
@@ -87,9 +94,7 @@ def resized(old_address: int, new_address: int, old_nbytes: int, new_nbytes: int
     Kept bytes keep their values; new bytes read as zeros; resize_(0) drops the buffer
     (FSDP2 frees unsharded parameters so and re-allocates them before its all-gathers).
     """
-    flush = _flush  # pending values, not value checks: a check's error is not to be raised inside resize_
-    if flush is not None:
-        flush("resize")
+    flush_pending("resize")  # not value checks: a check's error is not to be raised inside resize_
     entry = buffers.pop(old_address, None)
     if entry is None or new_nbytes == 0:
         return
