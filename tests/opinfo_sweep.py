@@ -591,11 +591,16 @@ def merge_chunks(mode: str, parts: list) -> dict:
             if name in merged:
                 raise AssertionError(f"OpInfo {mode}: entry {name} in two chunks")
             merged[name] = Outcome(status, reason, seconds=seconds)
-    expected = {name for name, _ in mode_entries(mode)}
-    if set(merged) != expected:
-        raise AssertionError(f"OpInfo {mode}: merged chunks miss {sorted(expected - set(merged))[:20]} and hold "
-                             f"foreign entries {sorted(set(merged) - expected)[:20]}")
+    _check_entries(mode, merged, f"OpInfo {mode}: merged chunks")
     return merged
+
+
+def _check_entries(mode: str, names, what: str) -> None:
+    """Raise unless `names` are exactly the entries eligible in `mode`."""
+    expected, names = {name for name, _ in mode_entries(mode)}, set(names)
+    if names != expected:
+        raise AssertionError(f"{what} miss {sorted(expected - names)[:20]} and hold foreign entries "
+                             f"{sorted(names - expected)[:20]}")
 
 
 def check_docs_complete() -> None:
@@ -608,10 +613,7 @@ def check_docs_complete() -> None:
         assert section["samples"] == SAMPLES_BY_MODE[mode], (
             f"{mode}: docs/op-coverage.json is from a sweep at {section['samples']} samples, the heavy sweep runs "
             f"{SAMPLES_BY_MODE[mode]}")
-        expected = {name for name, _ in mode_entries(mode)}
-        assert set(section["results"]) == expected, (
-            f"{mode}: docs/op-coverage.json misses {sorted(expected - set(section['results']))[:20]}, holds "
-            f"foreign entries {sorted(set(section['results']) - expected)[:20]}")
+        _check_entries(mode, section["results"], f"{mode}: docs/op-coverage.json")
     assert DOC.read_text() == render(data), "docs/op-coverage.md is not the rendering of docs/op-coverage.json"
 
 

@@ -112,8 +112,8 @@ class Plan:
         self.nd_outputs = nd_outputs
         self.n_host = 0  # host values (CPU placeholders, then results of host steps)
         self.host_inputs: list[tuple[int, int]] = []  # (argument position, host index)
-        self.host_steps: list[tuple] = []  # (target, args, kwargs, out indices); mutating ones last
-        self.host_mutations: list[tuple] = []
+        self.host_steps: list[_HostStep] = []  # mutating ones in host_mutations, run last
+        self.host_mutations: list[_HostStep] = []
         self.host_scalars: list[int] = []  # host index of each runtime scalar the program reads
         self.arguments_of: dict[int, list] = {}  # input slot -> [(argument position, dtype)]
         self._build(gm, key)
@@ -464,10 +464,10 @@ class _HostStep:
     over every parameter's `step` count, rebuilt from lists of indices on every call.
     """
 
-    __slots__ = ("target", "args", "kwargs", "out", "_getters", "_kw_getters", "_store")
+    __slots__ = ("target", "_getters", "_kw_getters", "_store")
 
     def __init__(self, target, args, kwargs, out):
-        self.target, self.args, self.kwargs, self.out = target, args, kwargs, out
+        self.target = target
         self._getters = [_getter(a) for a in args]
         self._kw_getters = {k: _getter(v) for k, v in kwargs.items()}
         self._store = _storer(out)

@@ -80,9 +80,7 @@ def materialize(reason: str = "read") -> None:
     fallbacks and data-dependent shapes (through `.cpu()`), and skinny-mode
     collectives. In Strict mode it costs two global reads.
     """
-    flush = _flush
-    if flush is not None:
-        flush(reason)
+    flush_pending(reason)
     check = _check
     if check is not None:
         check(reason)
