@@ -286,8 +286,9 @@ def ddp() -> None:
 
 
 def killed() -> None:
-    """Rank 1 dies before the second collective; the others get an error naming rank 1."""
-    _failure(lambda: os._exit(3), "died")
+    """Rank 1 dies before the second collective; the others get an error naming rank 1.
+    Initialised with no backend named: a tpu process picks tpu_dist, as a cuda one picks NCCL."""
+    _failure(lambda: os._exit(3), "died", backend=None)
 
 
 def straggler() -> None:
@@ -298,15 +299,22 @@ def straggler() -> None:
 TIMEOUT = 5.0
 
 
-def _failure(rank1_does, expect: str) -> None:
+def _failure(rank1_does, expect: str, backend: str | None = "tpu_dist") -> None:
     # Also the init_method path: tcp:// with explicit rank and world size, no torchrun variables.
+    from torch_tpu.distributed import ProcessGroupTPU, process_group
+
     rank, world = int(os.environ.pop("RANK")), int(os.environ.pop("WORLD_SIZE"))
     address = f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
-    dist.init_process_group("tpu_dist", init_method=address, rank=rank, world_size=world,
+    dist.init_process_group(backend, init_method=address, rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=TIMEOUT))
     check("tcp:// init_method", (dist.get_rank(), torch.tpu.current_device()), (rank, int(os.environ["LOCAL_RANK"])))
+    if backend is None:
+        check("no backend named: the default group is tpu_dist's", type(dist.group.WORLD), ProcessGroupTPU)
+    launched = process_group.stats["collectives"]
     t = torch.ones(2, device=TPU)
     dist.all_reduce(t)
+    check("first all_reduce", t, torch.full((2,), float(world)))
+    check("first all_reduce ran on tpu_dist", process_group.stats["collectives"], launched + 1)
     if rank == 1:
         rank1_does()
     start = time.monotonic()

@@ -156,9 +156,13 @@ def test_collectives_ddp_spmd_two_processes():
 
 
 def test_killed_rank_gives_an_error_naming_it():
-    """Rank 1 dies; rank 0's next collective raises (within the timeout) naming rank 1."""
+    """Rank 1 dies; rank 0's next collective raises (within the timeout) naming rank 1. The group was
+    made by init_process_group(init_method="tcp://...") with no backend named: tpu_dist is picked."""
     passed = _run("killed", 2, timeout=120, ranks=[0])
     assert "error names rank 1" in passed and "error within the timeout (+ grace)" in passed
+    for name in ("tcp:// init_method", "no backend named: the default group is tpu_dist's", "first all_reduce",
+                 "first all_reduce ran on tpu_dist"):
+        assert name in passed, f"check {name!r} did not run"
 
 
 @pytest.mark.heavy
