@@ -132,6 +132,20 @@ def collectives() -> None:
     out = torch.empty(4, device=TPU)
     dist.reduce_scatter(out, ins)
     check("reduce_scatter list", out, sum(xs)[rank * 4:(rank + 1) * 4], exact=False)
+    # uneven chunks: rank r's output has r + 2 elements (min: padding must not leak into the result)
+    sizes = [r + 2 for r in ranks]
+    xs = [[value(r, (n,), salt=20 + j) for j, n in enumerate(sizes)] for r in ranks]
+    out = torch.empty(sizes[rank], device=TPU)
+    dist.reduce_scatter(out, [x.to(TPU) for x in xs[rank]])
+    check("reduce_scatter list uneven", out, sum(xs[r][rank] for r in ranks), exact=False)
+    dist.reduce_scatter(out, [x.to(TPU) for x in xs[rank]], op=dist.ReduceOp.MIN)
+    check("reduce_scatter list uneven min", out, torch.stack([xs[r][rank] for r in ranks]).amin(0))
+    try:
+        dist.reduce_scatter(torch.empty(sizes[rank] + 1, device=TPU), [x.to(TPU) for x in xs[rank]])
+    except ValueError as err:
+        check("reduce_scatter wrong output size raises", "this rank's chunk" in str(err), True)
+    else:
+        raise AssertionError("reduce_scatter with a wrong output size returned")
 
     # all_to_all_single: even, then uneven splits; all_to_all (lists)
     xs = [value(r, (world * 2, 3), salt=6) for r in ranks]

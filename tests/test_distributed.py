@@ -123,7 +123,8 @@ def test_compiled_functional_collectives_world_of_one(world_of_one):
 
 COLLECTIVES = [
     "broadcast keeps -0.0", "all_gather_into_tensor", "reduce_scatter_tensor sum", "reduce_scatter_tensor max",
-    "reduce_scatter list", "all_to_all_single", "all_to_all_single uneven", "all_to_all [1]", "reduce",
+    "reduce_scatter list", "reduce_scatter list uneven",
+    "reduce_scatter list uneven min", "reduce_scatter wrong output size raises", "all_to_all_single", "all_to_all_single uneven", "all_to_all [1]", "reduce",
     "scatter", "send/recv", "batch_isend_irecv ring", "work.is_completed", "work.get_future", "barrier",
     "new_group all_reduce", "new_group all_gather", "funcol.all_reduce", "funcol.all_gather_tensor",
     "funcol.reduce_scatter_tensor", "cpu tensor via gloo fallback", "all_reduce strided view",

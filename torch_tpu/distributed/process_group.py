@@ -549,13 +549,27 @@ class ProcessGroupTPU(dist.ProcessGroup):
         op = _op_name(opts.reduceOp)
         stacked = []
         for out, ins in zip(output_tensors, input_lists):
-            if len(ins) != self._size or any(t.numel() != out.numel() for t in ins):
-                raise ValueError("tpu_dist reduce_scatter: expected world-size inputs each the output's size")
-            stacked.append(torch.cat([t.reshape(-1) for t in ins]))
-        return self._launch(
-            "reduce_scatter", "reduce_scatter", stacked, (op,),
-            lambda rs: [_install(o, r) for o, r in zip(output_tensors, rs)], output_tensors,
-        )
+            if len(ins) != self._size:
+                raise ValueError(f"tpu_dist reduce_scatter: expected {self._size} input tensors, got {len(ins)}")
+            if ins[self._rank].numel() != out.numel() or any(t.dtype != out.dtype for t in ins):
+                raise ValueError(
+                    f"tpu_dist reduce_scatter: input {self._rank} (this rank's chunk) must match the output's "
+                    f"size and dtype (got {tuple(ins[self._rank].shape)} {ins[self._rank].dtype} for output "
+                    f"{tuple(out.shape)} {out.dtype})"
+                )
+            # Uneven chunks (as NCCL allows): every rank's list has the same sizes, so each pads every
+            # chunk to the largest one; padding only meets padding in the reduction and is dropped.
+            chunk = max(t.numel() for t in ins)
+            stacked.append(torch.cat([
+                torch.nn.functional.pad(t.reshape(-1), (0, chunk - t.numel())) if t.numel() < chunk else t.reshape(-1)
+                for t in ins
+            ]))
+
+        def install(rs):
+            for o, r in zip(output_tensors, rs):
+                _install(o, r if r.shape[0] == o.numel() else r[:o.numel()])
+
+        return self._launch("reduce_scatter", "reduce_scatter", stacked, (op,), install, output_tensors)
 
     def _reduce_scatter_base(self, output, input, opts=None):
         opts = opts if opts is not None else dist.ReduceScatterOptions()
