@@ -6,7 +6,10 @@ the flush at `.cpu()`), as individually jitted JAX calls and as torch CPU
 eager ops, interleaved in the same process, and reports per-op times and their
 ratios (Strict / JAX: target <= 1.2; DeferAndFuse recording: target <= 2 us
 per op, about torch CPU eager's own cost on a quiet machine, so its ratio to
-torch CPU eager is reported too). Only ratios measured in one run are
+torch CPU eager is reported too). DeferAndFuse is reported as recording (the
+ops, until the read) and flush (the read: running the fused programs) per op,
+with looped units (the default: the chain's 125 equal 16-op units run as one
+looped program) and without (one launch per unit), ABBA-interleaved. Only ratios measured in one run are
 meaningful on a shared machine; the median of several rounds is reported.
 
 Two kinds of executables serve a cache hit, and both are measured:
@@ -67,21 +70,27 @@ def _rounds(args, x, y, fns, jx, jy):
 
 
 def _defer_rounds(args, x, y, xc, yc):
-    """Per round, seconds per op: DeferAndFuse recording, recording + flush, and torch CPU eager."""
-    recording, total, cpu = [], [], []
-    with torch_tpu.defer_and_fuse():
-        torch_chain(x, y, args.ops).cpu()  # the graph's plan and fused programs (compiled once)
-        for _ in range(args.rounds):
-            start = time.perf_counter()
-            out = torch_chain(x, y, args.ops)
-            recorded = time.perf_counter()
-            out.cpu()
-            recording.append((recorded - start) / args.ops)
-            total.append((time.perf_counter() - start) / args.ops)
-            start = time.perf_counter()
-            torch_chain(xc, yc, args.ops)
-            cpu.append((time.perf_counter() - start) / args.ops)
-    return recording, total, cpu
+    """Per round, seconds per op: DeferAndFuse recording and flush with looped units (the default) and
+    without (TORCH_TPU_DEFER_LOOPS=0: one launch per 16-op unit), ABBA-interleaved, and torch CPU eager."""
+    recording = {True: [], False: []}
+    flush = {True: [], False: []}
+    cpu = []
+    for loops in (True, False):  # each mode's plan and fused programs (compiled once)
+        with torch_tpu.defer_and_fuse(loops=loops):
+            torch_chain(x, y, args.ops).cpu()
+    for r in range(args.rounds):
+        for loops in ((True, False) if r % 2 == 0 else (False, True)):
+            with torch_tpu.defer_and_fuse(loops=loops):
+                start = time.perf_counter()
+                out = torch_chain(x, y, args.ops)
+                recorded = time.perf_counter()
+                out.cpu()
+                flush[loops].append((time.perf_counter() - recorded) / args.ops)
+                recording[loops].append((recorded - start) / args.ops)
+        start = time.perf_counter()
+        torch_chain(xc, yc, args.ops)
+        cpu.append((time.perf_counter() - start) / args.ops)
+    return recording, flush, cpu
 
 
 def main() -> dict:
@@ -105,25 +114,32 @@ def main() -> dict:
         cache.clear(host=False)
         torch_chain(x, y, 8).cpu()
         loaded = _rounds(args, x, y, fns, jx, jy)
-    recording, deferred, cpu = _defer_rounds(args, x, y, x.cpu(), y.cpu())
+    recording, flush, cpu = _defer_rounds(args, x, y, x.cpu(), y.cpu())
     recorded_in_python = torch_tpu.metrics.counts.ops_recorded_python
     ours, theirs, ratios = compiled
+    median = statistics.median
     result = {
         "benchmark": "op_overhead",
         "ops": args.ops,
         "size": args.size,
-        "strict_us_per_op": statistics.median(ours) * 1e6,
-        "jax_jit_us_per_op": statistics.median(theirs) * 1e6,
-        "ratio_median": statistics.median(ratios),
+        "load_average": os.getloadavg()[0],
+        "strict_us_per_op": median(ours) * 1e6,
+        "jax_jit_us_per_op": median(theirs) * 1e6,
+        "ratio_median": median(ratios),
         "ratio_min": min(ratios),
         "ratio_max": max(ratios),
-        "loaded_strict_us_per_op": statistics.median(loaded[0]) * 1e6,
-        "loaded_ratio_median": statistics.median(loaded[2]),
+        "loaded_strict_us_per_op": median(loaded[0]) * 1e6,
+        "loaded_jax_jit_us_per_op": median(loaded[1]) * 1e6,
+        "loaded_ratio_median": median(loaded[2]),
         "target": 1.2,
-        "defer_record_us_per_op": statistics.median(recording) * 1e6,
-        "defer_us_per_op": statistics.median(deferred) * 1e6,
-        "torch_cpu_us_per_op": statistics.median(cpu) * 1e6,
-        "defer_record_to_torch_cpu": statistics.median(r / c for r, c in zip(recording, cpu)),
+        "defer_record_us_per_op": median(recording[True]) * 1e6,
+        "defer_flush_us_per_op": median(flush[True]) * 1e6,
+        "defer_us_per_op": median(r + f for r, f in zip(recording[True], flush[True])) * 1e6,
+        "defer_no_loops_record_us_per_op": median(recording[False]) * 1e6,
+        "defer_no_loops_flush_us_per_op": median(flush[False]) * 1e6,
+        "flush_loops_to_no_loops": median(a / b for a, b in zip(flush[True], flush[False])),
+        "torch_cpu_us_per_op": median(cpu) * 1e6,
+        "defer_record_to_torch_cpu": median(r / c for r, c in zip(recording[True], cpu)),
         "defer_record_target_us": 2.0,
         "ops_recorded_python": recorded_in_python,
     }
@@ -134,10 +150,15 @@ def main() -> dict:
           f"max {result['ratio_max']:.2f}); target <= 1.2")
     print(f"  with executables loaded from the compile cache: {result['loaded_strict_us_per_op']:.1f} us/op, "
           f"ratio median {result['loaded_ratio_median']:.2f}")
-    print(f"  DeferAndFuse: recording {result['defer_record_us_per_op']:.2f} us/op (target <= 2), with the flush "
-          f"{result['defer_us_per_op']:.2f} us/op; torch CPU eager {result['torch_cpu_us_per_op']:.2f} us/op "
-          f"(recording / CPU eager: {result['defer_record_to_torch_cpu']:.2f}); ops recorded by the Python recorder: "
-          f"{recorded_in_python} (the rest natively)")
+    print(f"  DeferAndFuse: recording {result['defer_record_us_per_op']:.2f} us/op (target <= 2), flush "
+          f"{result['defer_flush_us_per_op']:.2f} us/op (recording + flush {result['defer_us_per_op']:.2f}); "
+          f"torch CPU eager {result['torch_cpu_us_per_op']:.2f} us/op (recording / CPU eager: "
+          f"{result['defer_record_to_torch_cpu']:.2f}); ops recorded by the Python recorder: {recorded_in_python} "
+          f"(the rest natively)")
+    print(f"  DeferAndFuse without looped units (loops=False): recording {result['defer_no_loops_record_us_per_op']:.2f}"
+          f" us/op, flush {result['defer_no_loops_flush_us_per_op']:.2f} us/op; flush looped / not looped: median "
+          f"{result['flush_loops_to_no_loops']:.2f} (ABBA)")
+    print(f"  load average (1 min) at the end: {result['load_average']:.1f}")
     print(f"  programs compiled: {torch_tpu.metrics.counts.programs_compiled}")
     os.makedirs(os.path.join(os.path.dirname(__file__), "results"), exist_ok=True)
     with open(os.path.join(os.path.dirname(__file__), "results", "op_overhead.json"), "w") as f:

@@ -156,8 +156,11 @@ def test_defer_options_api():
     previous = torch_tpu.set_defer_options(min_period=8, repeats=False)
     try:
         assert config.defer_min_period == 8 and config.defer_repeats is False
-        with torch_tpu.defer_and_fuse(max_ops=7, max_period=64):
-            assert config.defer_max_ops == 7 and config.defer_max_period == 64
+        with torch_tpu.defer_and_fuse(max_ops=7, max_period=64, loops=False):
+            assert config.defer_max_ops == 7 and config.defer_max_period == 64 and config.defer_loops is False
+        assert config.defer_loops is True
+        with pytest.raises(TypeError, match="loops must be a bool"):
+            torch_tpu.set_defer_options(loops=1)
         assert config.defer_max_ops == 10_000 or config.defer_max_ops != 7
         with pytest.raises(TypeError, match="unknown DeferAndFuse option"):
             torch_tpu.set_defer_options(period=3)
@@ -171,10 +174,11 @@ def test_defer_options_api():
 def test_option_env_vars_are_read():
     """The DeferAndFuse knobs come from their environment variables."""
     code = ("import torch, torch_tpu; from torch_tpu.config import config; "
-            "print('OPTS', config.defer_max_ops, config.defer_repeats, config.defer_min_period, config.defer_max_period)")
+            "print('OPTS', config.defer_max_ops, config.defer_repeats, config.defer_min_period, config.defer_max_period, "
+            "config.defer_loops)")
     out = _run(code, TORCH_TPU_DEFER_MAX_OPS="123", TORCH_TPU_DEFER_REPEATS="0", TORCH_TPU_DEFER_MIN_PERIOD="4",
-               TORCH_TPU_DEFER_MAX_PERIOD="99")
-    assert "OPTS 123 False 4 99" in out.stdout, out.stderr
+               TORCH_TPU_DEFER_MAX_PERIOD="99", TORCH_TPU_DEFER_LOOPS="0")
+    assert "OPTS 123 False 4 99 False" in out.stdout, out.stderr
 
 
 # ------------------------------------------------------------------ liveness, fusion, reuse
@@ -451,6 +455,78 @@ def test_repeats_can_be_turned_off():
             runs = metrics.counts.fused_executions
             model(idx)[0].sum().item()
             assert metrics.counts.fused_executions == runs + programs
+
+
+def _chain(x, y, n, scale=lambda i: 1.0001):
+    for i in range(n // 4):
+        x = x * scale(i)
+        x = x + y
+        x = torch.tanh(x)
+        x = x - 0.5
+    return x
+
+
+def test_long_repeated_chain_runs_as_one_loop():
+    """A long chain of one repeated 4-op body (cut into 16-op units) runs as one looped program: one launch and
+    one compile for any number of units, values as the unit-by-unit run's (bitwise) and CPU's."""
+    xc, yc = torch.randn(256), torch.randn(256)
+    x, y = xc.to("tpu"), yc.to("tpu")
+    torch.tpu.synchronize()
+    with torch_tpu.defer_and_fuse(loops=False):
+        unrolled = _chain(x, y, 400).cpu()
+        runs = metrics.counts.fused_executions
+        _chain(x, y, 400).cpu()
+        assert metrics.counts.fused_executions - runs == 25  # 400 ops / 16-op units, one launch each
+    with torch_tpu.defer_and_fuse():
+        looped = _chain(x, y, 400).cpu()  # compiles the loop
+        for n in (400, 2000):
+            runs, units = metrics.counts.fused_executions, metrics.counts.fused_loop_units
+            compiled = metrics.counts.programs_compiled
+            out = _chain(x, y, n).cpu()
+            assert metrics.counts.fused_executions - runs == 1
+            assert metrics.counts.fused_loop_units - units == n // 16
+            assert metrics.counts.programs_compiled == compiled  # the iteration count is a runtime input
+            torch.testing.assert_close(out, _chain(xc, yc, n), rtol=1e-5, atol=1e-5)
+    assert torch.equal(looped, unrolled)
+    torch.testing.assert_close(looped, _chain(xc, yc, 400), rtol=1e-5, atol=1e-5)
+
+
+def test_units_with_other_scalars_or_values_read_later_are_not_looped():
+    """Units that read other runtime scalars run one by one (one program, one launch each); a unit whose
+    result a later unit reads too is no loop body; values as on CPU in both cases."""
+    xc, yc = torch.randn(64), torch.randn(64)
+    x, y = xc.to("tpu"), yc.to("tpu")
+    torch.tpu.synchronize()
+
+    def scale(i):
+        return 1.0 + 1e-4 * (i // 4)  # another value in each 16-op unit
+
+    with torch_tpu.defer_and_fuse():
+        _chain(x, y, 160, scale).cpu()
+        runs, units = metrics.counts.fused_executions, metrics.counts.fused_loop_units
+        out = _chain(x, y, 160, scale).cpu()
+        assert metrics.counts.fused_executions - runs == 10 and metrics.counts.fused_loop_units == units
+    torch.testing.assert_close(out, _chain(xc, yc, 160, scale), rtol=1e-5, atol=1e-5)
+
+    def skip(x, y):  # an 11-op body that also reads the result of the body two before it
+        first = x
+        previous = [x, x]
+        for _ in range(8):
+            for _ in range(3):
+                x = torch.tanh(x * 1.0001 + y)
+            x = x - 0.25 * previous[0]
+            previous = [previous[1], x]
+        return x + first
+
+    # Units of one body: each reads its predecessor's and the one before's results, no loop. Units of two
+    # bodies (min_period 16): each reads only its predecessor's two results, a loop body.
+    for min_period, looped in ((11, False), (16, True)):
+        with torch_tpu.defer_and_fuse(min_period=min_period):
+            skip(x, y).cpu()
+            units = metrics.counts.fused_loop_units
+            out = skip(x, y).cpu()
+            assert (metrics.counts.fused_loop_units > units) == looped
+        torch.testing.assert_close(out, skip(xc, yc), rtol=1e-5, atol=1e-5)
 
 
 # ------------------------------------------------------------------ errors

@@ -159,6 +159,8 @@ class Config:
     defer_min_period: int = field(default_factory=lambda: _int("TORCH_TPU_DEFER_MIN_PERIOD", 16))
     # Longest period (in ops) the heuristic looks for.
     defer_max_period: int = field(default_factory=lambda: _int("TORCH_TPU_DEFER_MAX_PERIOD", 1024))
+    # Consecutive equal units whose values flow from one to the next (a loop body) run as one looped program.
+    defer_loops: bool = field(default_factory=lambda: _flag("TORCH_TPU_DEFER_LOOPS", True))
     # Developer tools (docs/troubleshooting.md): log every recompile with its reason.
     explain_recompiles: bool = field(default_factory=lambda: _flag("TORCH_TPU_EXPLAIN_RECOMPILES"))
     # Recompiles of one site before a one-time RecompileWarning suggests the fix.

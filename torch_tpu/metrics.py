@@ -24,6 +24,8 @@ class _Counters:
         "_ops_deferred", "ops_recorded_python", "flushes", "fused_executions", "fused_cache_hits", "fused_cache_misses",
         # DeferAndFuse: buffers fused programs returned (live values only), inputs donated to them.
         "fused_outputs", "fused_donations",
+        # DeferAndFuse: units run inside looped programs (one launch runs a whole run of equal units).
+        "fused_loop_units",
         # Pallas kernels traced in interpret mode (platforms with no Pallas compiler, docs/kernels.md).
         "pallas_interpret",
     )
@@ -134,7 +136,7 @@ def report() -> str:
         ("deferred ops / flushes", f"{c.ops_deferred} / {c.flushes}"),
         ("fused programs run", f"{c.fused_executions} (graph plans reused {c.fused_cache_hits}, "
                                f"new {c.fused_cache_misses}; {c.fused_outputs} outputs, "
-                               f"{c.fused_donations} donated inputs)"),
+                               f"{c.fused_donations} donated inputs; {c.fused_loop_units} units run in loops)"),
         ("decompositions", f"{c.decompositions}"),
         ("Pallas kernels interpreted", f"{c.pallas_interpret}"),
         ("CPU fallbacks", f"{sum(fallbacks.values())}"),

@@ -71,18 +71,19 @@ _OPTIONS = {
     "repeats": "defer_repeats",  # TORCH_TPU_DEFER_REPEATS: the repeated-operations heuristic on/off
     "min_period": "defer_min_period",  # TORCH_TPU_DEFER_MIN_PERIOD: shortest unit the heuristic cuts out
     "max_period": "defer_max_period",  # TORCH_TPU_DEFER_MAX_PERIOD: longest period it looks for
+    "loops": "defer_loops",  # TORCH_TPU_DEFER_LOOPS: equal chained units run as one looped program
 }
 
 
 def set_defer_options(**options) -> dict:
-    """Set DeferAndFuse options (max_ops, repeats, min_period, max_period); return the previous values."""
+    """Set DeferAndFuse options (max_ops, repeats, min_period, max_period, loops); return the previous values."""
     previous = {}
     for name, value in options.items():
         if name not in _OPTIONS:
             raise TypeError(f"unknown DeferAndFuse option {name!r}: expected one of {', '.join(_OPTIONS)}")
-        if name == "repeats":
+        if name in ("repeats", "loops"):
             if not isinstance(value, bool):
-                raise TypeError(f"repeats must be a bool, got {value!r}")
+                raise TypeError(f"{name} must be a bool, got {value!r}")
         elif not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
     for name, value in options.items():
@@ -95,7 +96,7 @@ def set_defer_options(**options) -> dict:
 def defer_and_fuse(**options):
     """`with torch_tpu.defer_and_fuse():` records the block's ops and flushes them when it ends.
 
-    Keyword options (max_ops, repeats, min_period, max_period) apply inside the block only.
+    Keyword options (max_ops, repeats, min_period, max_period, loops) apply inside the block only.
     """
     previous_options = set_defer_options(**options)
     try:

@@ -249,7 +249,7 @@ def _run(graph, reason: str) -> None:
     ext = graph.ext
     # Donate inputs nobody else holds: the list and getrefcount's argument are the only references.
     donate = tuple(j for j in range(len(ext)) if sys.getrefcount(ext[j]) <= 2)
-    options = (config.defer_repeats, config.defer_min_period, config.defer_max_period)  # they shape the plan
+    options = (config.defer_repeats, config.defer_min_period, config.defer_max_period, config.defer_loops)  # they shape the plan
     fingerprint = (bytes(graph.descs), outputs, donate, options)
     plan = _plans.get(fingerprint)
     if plan is None:
@@ -753,7 +753,174 @@ def _make_plan(graph, outputs: tuple, donate: frozenset) -> Plan:
         segment.offset_positions = tuple(positions)
         segment.checked = tuple(s for s, (prog, _, _) in enumerate(steps) if prog.checks)
         segments.append(segment)
+    if config.defer_loops:
+        segments = _form_loops(segments, final, last_reader)
     return Plan(segments)
+
+
+def _loop_key(segment):
+    """What a loop's units must share: the fingerprint without donation and output shapes (a loop donates
+    nothing, and reshapes its outputs as its last unit's), or None: the unit cannot run in a loop."""
+    if segment.offset_positions or segment.checked:
+        return None
+    if any(prog.spec.name.startswith("_c10d_functional") for prog, _, _ in segment.steps):
+        return None
+    return segment.fingerprint[:4]
+
+
+def _carried(prev, unit, p: int, final: set, last_reader: dict):
+    """How `unit` (piece p) reads the outputs of `prev`, the unit before it, as a loop body's carry:
+    ((input position, output index), ...) when every input of `unit` is an output of `prev` or the value
+    `prev` read at the same position, and nothing but `unit` reads `prev`'s outputs; else None."""
+    key = _loop_key(unit)
+    if key is None or key != _loop_key(prev):
+        return None
+    index = {r: m for m, r in enumerate(prev.outputs)}
+    carry = []
+    for k, s in enumerate(unit.sources):
+        m = index.get(s)
+        if m is not None:
+            carry.append((k, m))
+        elif s != prev.sources[k]:
+            return None
+    if len(carry) != len(prev.outputs) or any(r in final or last_reader.get(r) != p for r in prev.outputs):
+        return None
+    return tuple(carry)
+
+
+def _form_loops(segments: list, final: set, last_reader: dict) -> list:
+    """Consecutive segments that are one loop body run again and again become one LoopSegment."""
+    out, i = [], 0
+    while i < len(segments):
+        j, carry = i + 1, None
+        while j < len(segments):
+            found = _carried(segments[j - 1], segments[j], j, final, last_reader)
+            if found is None or (carry is not None and found != carry):
+                break
+            carry, j = found, j + 1
+        if j - i >= 2:
+            out.append(LoopSegment(segments[i:j], carry))
+        else:
+            out.append(segments[i])
+        i = j
+    return out
+
+
+class LoopSegment:
+    """Consecutive equal units of a plan run by one program: an XLA while loop over the unit, its iteration
+    count a runtime input, so any number of repetitions costs one launch and one compile.
+
+    The units' values flow from each to the next (`carry`: input position <- output index of the unit
+    before) and their other inputs are the same values. A graph whose units read different scalars (or
+    when the profiler is on) runs them one by one instead.
+    """
+
+    __slots__ = ("members", "carry", "device", "drop", "executable", "last_scalars")
+
+    def __init__(self, members, carry):
+        self.members = tuple(members)
+        self.carry = carry
+        self.device = members[0].device
+        self.drop = tuple(sorted({r for m in members for r in m.drop}))
+        self.executable = None
+        self.last_scalars = None
+
+    def run(self, graph, values: dict) -> None:
+        nodes = graph.nodes
+        members = self.members
+        raw = [value for i in members[0].nodes for value in nodes[i].scalars]
+        if _trace.active or not _same_scalars_in_all(raw, members, nodes):
+            for member in members:
+                member.run(graph, values)
+            return
+        first, last = members[0], members[-1]
+        ext = graph.ext
+        inputs = [ext[-1 - s] if s < 0 else values[s] for s in first.sources]
+        cached = self.last_scalars
+        if cached is not None and executor.same_scalars(cached[0], raw):
+            scalars = cached[1]
+        else:
+            scalars = executor._device_scalars(raw, self.device) if raw else []
+            self.last_scalars = (raw, scalars)
+        (count,) = executor._device_scalars([len(members)], self.device)
+        executable = self.executable
+        if executable is None:
+            key = ("loop", last.fingerprint, self.carry)
+            executable = _executables.get(key)
+            if executable is None:
+                executable = self._compile(graph, inputs, scalars, count, key)
+            self.executable = executable
+        try:
+            results = executable(inputs, scalars, count)
+        except jax.errors.JaxRuntimeError as err:
+            error = translate_runtime_error(err, f"a deferred loop of {len(members)} x {len(last.nodes)} ops")
+            _note(error, "the graph's ops were recorded at:\n" + _sites([nodes[i].where for i in last.nodes]))
+            raise error from None
+        del inputs
+        if last.reshaped:
+            results = list(results)
+            for k, array in zip(last.reshaped, _flatten(last, [results[k] for k in last.reshaped])):
+                results[k] = array
+        _counts.fused_executions += 1
+        _counts.fused_loop_units += len(members)
+        _counts.fused_outputs += len(last.outputs)
+        for ref, array in zip(last.outputs, results):
+            values[ref] = array
+        for ref in self.drop:
+            values.pop(ref, None)
+
+    def _compile(self, graph, inputs, scalars, count, key):
+        nodes = graph.nodes
+        last = self.members[-1]
+        unit = _fused_function(last.steps, last.n_inputs, (), tuple(range(last.n_inputs)), last.local_outputs,
+                               last.out_shapes, {})
+        unit.wheres = [nodes[i].where for i in last.nodes]
+        unit.names = [nodes[i].prog.spec.name for i in last.nodes]
+        looped = _loop_function(unit, self.carry, last.out_shapes)
+        signature = last.signature(nodes)
+        if signature is not None:
+            signature = ("fused loop", signature, self.carry)
+        sharding = platform.get().shardings[self.device]
+        out_tree = jax.tree_util.tree_structure([0] * len(last.local_outputs))
+        try:
+            executable = program_mod.compile_indexed(looped, sharding, (inputs, scalars, count), signature, out_tree)
+        except jax.errors.JaxRuntimeError as err:
+            error = translate_runtime_error(err, f"compiling a deferred loop of {len(last.nodes)} ops")
+            _note(error, "the graph's ops were recorded at:\n" + _sites(unit.wheres))
+            raise error from None
+        _executables[key] = executable
+        recompiles.segment_compiled(last, nodes, key)
+        return executable
+
+
+def _same_scalars_in_all(raw: list, members, nodes) -> bool:
+    """Whether every unit runs with the runtime scalars `raw` of the first (-0.0 told from 0.0)."""
+    zeros = [k for k, value in enumerate(raw) if type(value) is float and value == 0.0]
+    for member in members[1:]:
+        other = [value for i in member.nodes for value in nodes[i].scalars]
+        if other != raw or any(math.copysign(1.0, other[k]) != math.copysign(1.0, raw[k]) for k in zeros):
+            return False
+    return True
+
+
+def _loop_function(unit, carry: tuple, shapes: tuple):
+    """`count` runs of the fused `unit`, each reading the previous run's outputs at the carried positions."""
+
+    def looped(inputs, scalars, count):
+        def body(_, state):
+            arguments = list(inputs)
+            for (k, _), value in zip(carry, state):
+                arguments[k] = value
+            # Nothing is hoisted out of the loop: each run computes exactly what the unit's own program does.
+            arguments, unit_scalars = jax.lax.optimization_barrier((arguments, list(scalars)))
+            results = unit([], arguments, unit_scalars)
+            return tuple(results[m].reshape(-1) for _, m in carry)
+
+        state = jax.lax.fori_loop(0, count, body, tuple(inputs[k] for k, _ in carry))
+        by_output = {m: value for (_, m), value in zip(carry, state)}
+        return [by_output[m].reshape(shape) for m, shape in enumerate(shapes)]
+
+    return looped
 
 
 def _first_node() -> None:
