@@ -21,7 +21,6 @@ import opinfo_sweep as sweep
 SKIP = {
     "sparse.mm.reduce": "sparse CSR tensors: the tpu device has dense storage only",
     "sparse.sampled_addmm": "sparse CSR tensors: the tpu device has dense storage only",
-    "to_sparse": "sparse tensors: the tpu device has dense storage only",
 }
 
 # Entries expected not to pass (reason shown in the docs): name, or (name, mode). An XFAIL entry that
