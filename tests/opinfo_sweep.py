@@ -386,6 +386,8 @@ def _check_variants(op, sample, cpu_sample, tpu_sample, atol, rtol, metadata_onl
 def _describe(sample) -> str:
     def d(x):
         if isinstance(x, torch.Tensor):
+            if x.layout != torch.strided:
+                return f"T{tuple(x.shape)}:{str(x.dtype)[6:]}:{str(x.layout)[6:]}@{x.device.type}"
             return f"T{tuple(x.shape)}:{str(x.dtype)[6:]}{'' if x.is_contiguous() else ':nc'}@{x.device.type}"
         return repr(x)
 

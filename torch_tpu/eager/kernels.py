@@ -74,6 +74,8 @@ def register_all() -> None:
             add(op, kernel)
         for op, kernel in sparse.sparse_kernels().items():  # sparse COO tpu tensors (eager/sparse.py)
             lib.impl(op, kernel, "SparsePrivateUse1")
+        for op, kernel in sparse.csr_kernels().items():  # 2-D sparse CSR tpu tensors
+            lib.impl(op, kernel, "SparseCsrPrivateUse1")
         torch_level = registry.kernels()
         for op, kernel in torch_level.items():  # torch-level kernels (ops/dynamic.py)
             add(op, kernel)

@@ -110,6 +110,8 @@ def _dense_to_sparse(x, sparse_dim: int):
 
 
 def _to_sparse_dense(x, *, layout=None, blocksize=None, dense_dim=None):
+    if layout == torch.sparse_csr and blocksize is None:
+        return _dense_to_csr(x, dense_dim)
     if layout not in (None, torch.sparse_coo):
         raise NotImplementedError(
             f"to_sparse: conversion from Strided to {str(layout).replace('torch.', '').title().replace('_', '')} "
@@ -266,6 +268,201 @@ def _sum(s, *, dtype=None):
     return values.sum(dtype=dtype) if s._nnz() else torch.zeros((), dtype=dtype or values.dtype, device=values.device)
 
 
+# ------------------------------------------------------------------ sparse CSR (2-D, no dense dims)
+_SPARSE_CSR_CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.SparseCsrCPU)
+_CSR_GENERIC = (
+    aten.crow_indices.default,
+    aten.col_indices.default,
+    aten.values.default,
+    aten._nnz.default,
+    aten.sparse_dim.default,
+    aten.dense_dim.default,
+    aten.copy_.default,
+    aten.clone.default,
+    aten.empty_like.default,
+    aten.resize_as_sparse_.default,
+)
+
+
+def _csr_redispatch(op):
+    def kernel(*args, **kwargs):
+        return op.redispatch(_SPARSE_CSR_CPU, *args, **kwargs)
+
+    return kernel
+
+
+def _csr_parts(s, name: str):
+    """(row of each entry, column of each entry, values) of a 2-D CSR tensor with no dense dims."""
+    if s.layout != torch.sparse_csr:
+        raise NotImplementedError(f"{name}: only the sparse_csr layout is supported on the 'tpu' device "
+                                  f"(got {s.layout})")
+    if s.dim() != 2 or s.dense_dim() != 0:
+        raise NotImplementedError(f"{name}: batched or hybrid sparse CSR tensors are not supported on the 'tpu' "
+                                  f"device (got {s.dim()} dims, {s.dense_dim()} dense)")
+    crow, col = s.crow_indices(), s.col_indices()
+    positions = torch.arange(col.shape[0], dtype=crow.dtype, device=crow.device)
+    rows = torch.searchsorted(crow[1:], positions, right=True)  # the row whose range holds each entry
+    return rows, col, s.values()
+
+
+def _csr_to_dense(s, dtype=None, masked_grad=None):
+    rows, cols, values = _csr_parts(s, "to_dense")
+    dtype = dtype or s.dtype
+    out = torch.zeros(s.shape, dtype=dtype, device=s.device)
+    if values.shape[0] == 0:
+        return out
+    return out.index_put_((rows, cols), values.to(dtype), accumulate=True)
+
+
+def _dense_to_csr(x, dense_dim=None):
+    if x.dim() != 2 or dense_dim:
+        raise NotImplementedError("to_sparse_csr: only 2-D tensors with no dense dims are supported on the 'tpu' "
+                                  f"device (got {x.dim()} dims, dense_dim={dense_dim})")
+    coo = _dense_to_sparse(x, 2)
+    rows, cols = coo._indices()
+    counts = torch.zeros(x.shape[0], dtype=torch.int64, device=x.device).index_add_(0, rows, torch.ones_like(rows))
+    crow = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
+    return torch.sparse_csr_tensor(crow, cols.contiguous(), coo._values(), x.shape, device=x.device)
+
+
+def _dense_to_other(layout_name):
+    def kernel(x, *args, **kwargs):
+        raise NotImplementedError(f"to_sparse: conversion from Strided to {layout_name} is not supported on the "
+                                  "'tpu' device (it stores sparse COO and 2-D sparse CSR)")
+
+    return kernel
+
+
+def _check_sampled(self, mat1, mat2):
+    if mat1.dim() != 2 or mat2.dim() != 2:
+        raise RuntimeError(f"sampled_addmm: Expected mat1 and mat2 to be matrices, got {mat1.dim()}D and {mat2.dim()}D")
+    if mat1.shape[1] != mat2.shape[0]:
+        raise RuntimeError(f"mat1 and mat2 shapes cannot be multiplied ({mat1.shape[0]}x{mat1.shape[1]} and "
+                           f"{mat2.shape[0]}x{mat2.shape[1]})")
+    if tuple(self.shape) != (mat1.shape[0], mat2.shape[1]):
+        raise RuntimeError(f"sampled_addmm: self.shape {list(self.shape)} does not match the product's "
+                           f"{[mat1.shape[0], mat2.shape[1]]}")
+
+
+def _sampled_addmm(self, mat1, mat2, *, beta=1, alpha=1):
+    """beta * self + alpha * (mat1 @ mat2), computed only at self's (CSR) entries."""
+    _check_sampled(self, mat1, mat2)
+    rows, cols, values = _csr_parts(self, "sampled_addmm")
+    product = (mat1.index_select(0, rows) * mat2.index_select(1, cols).t()).sum(-1)
+    new = product * alpha if alpha != 1 else product
+    if beta != 0:
+        new = new + (values * beta if beta != 1 else values)
+    return torch.sparse_csr_tensor(self.crow_indices().clone(), cols.clone(), new.to(values.dtype), self.shape,
+                                   device=self.device)
+
+
+def _mm_reduce(self, other, reduce):
+    """(CSR self @ dense other, reduced per row with `reduce`; the empty argmax tensor PyTorch's forward returns)."""
+    rows, cols, values = _csr_parts(self, "sparse.mm")
+    if other.dim() != 2 or self.shape[1] != other.shape[0]:
+        raise RuntimeError(f"mat1 and mat2 shapes cannot be multiplied ({self.shape[0]}x{self.shape[1]} and "
+                           f"{'x'.join(str(n) for n in other.shape)})")
+    if reduce not in ("sum", "mean", "amax", "amin"):
+        raise RuntimeError(f"reduce argument must be either sum, mean, amax or amin, got {reduce}")
+    out = torch.zeros((self.shape[0], other.shape[1]), dtype=other.dtype, device=other.device)
+    empty = torch.zeros(0, dtype=torch.int64, device=other.device)
+    if values.shape[0] == 0:
+        return out, empty
+    terms = values.unsqueeze(1).to(other.dtype) * other.index_select(0, cols)
+    if reduce in ("sum", "mean"):
+        out.index_add_(0, rows, terms)
+        if reduce == "mean":
+            counts = (self.crow_indices()[1:] - self.crow_indices()[:-1]).clamp(min=1)
+            out = out / counts.unsqueeze(1).to(out.dtype)
+        return out, empty
+    return out.index_reduce_(0, rows, terms, reduce, include_self=False), empty
+
+
+def _csr_sparse_mask(self, mask):
+    if self.shape != mask.shape:
+        raise RuntimeError("sparse_mask(): operands have incompatible sizes; self has size "
+                           f"{list(self.shape)} but mask has size {list(mask.shape)}")
+    rows, cols, _ = _csr_parts(mask, "sparse_mask")
+    if self.layout != torch.strided:
+        self = self.to_dense()
+    return torch.sparse_csr_tensor(mask.crow_indices().clone(), cols.clone(), self[rows, cols], self.shape,
+                                   device=self.device)
+
+
+def _csr_product(rows, cols, values, dense, m: int):
+    """(sparse with entries (rows, cols, values) and m rows) @ dense."""
+    out = torch.zeros((m, dense.shape[1]), dtype=dense.dtype, device=dense.device)
+    if values.shape[0] == 0:
+        return out
+    return out.index_add_(0, rows, values.unsqueeze(1).to(dense.dtype) * dense.index_select(0, cols))
+
+
+def _csr_mm(a, b):
+    _check_mm(a, b)
+    if a.layout != torch.strided and b.layout != torch.strided:
+        raise NotImplementedError("mm: sparse @ sparse is not supported on the 'tpu' device (sparse @ dense and "
+                                  "dense @ sparse are)")
+    if a.layout != torch.strided:
+        rows, cols, values = _csr_parts(a, "mm")
+        return _csr_product(rows, cols, values, b, a.shape[0])
+    rows, cols, values = _csr_parts(b, "mm")  # dense @ csr = (csr^T @ dense^T)^T
+    return _csr_product(cols, rows, values, a.t(), b.shape[1]).t().contiguous()
+
+
+def _csr_addmm(self, mat1, mat2, *, beta=1, alpha=1):
+    if self.layout != torch.strided:
+        raise NotImplementedError("addmm: a sparse CSR 'self' is not supported on the 'tpu' device")
+    product = _csr_mm(mat1, mat2)
+    if alpha != 1:
+        product = product * alpha
+    if beta == 0:
+        return product
+    self = self.expand(product.shape)
+    return product + (self if beta == 1 else self * beta)
+
+
+def _mm_reduce_backward(self, grad_out, weight, reduce, arg_out, output_mask):
+    """Gradients of `_mm_reduce` for self's values (a CSR tensor with self's pattern) and for `weight`."""
+    rows, cols, values = _csr_parts(self, "sparse.mm")
+    grad = grad_out
+    if reduce == "mean":
+        counts = (self.crow_indices()[1:] - self.crow_indices()[:-1]).clamp(min=1)
+        grad = grad / counts.unsqueeze(1).to(grad.dtype)
+    per_entry = grad.index_select(0, rows)  # nnz x n: the output gradient each entry contributes to
+    if reduce in ("amax", "amin"):  # only the entry that gave each output (the first one, as PyTorch's kernel)
+        terms = values.unsqueeze(1).to(weight.dtype) * weight.index_select(0, cols)
+        out, _ = _mm_reduce(self, weight, reduce)
+        nnz = values.shape[0]
+        position = torch.arange(nnz, device=values.device).unsqueeze(1).expand_as(terms)
+        candidate = torch.where(terms == out.index_select(0, rows), position, nnz)
+        first = torch.full(out.shape, nnz, dtype=torch.int64, device=values.device)
+        first.index_reduce_(0, rows, candidate, "amin", include_self=True)
+        per_entry = torch.where(first.index_select(0, rows) == position, per_entry, 0)
+    grad_self = grad_weight = None
+    if output_mask[0]:
+        grad_values = (per_entry * weight.index_select(0, cols)).sum(-1).to(values.dtype)
+        grad_self = torch.sparse_csr_tensor(self.crow_indices().clone(), cols.clone(), grad_values, self.shape,
+                                            device=self.device)
+    if output_mask[1]:
+        grad_weight = torch.zeros_like(weight).index_add_(0, cols, values.unsqueeze(1).to(weight.dtype) * per_entry)
+    return grad_self, grad_weight
+
+
+def csr_kernels() -> dict:
+    """aten op -> kernel for the SparseCsrPrivateUse1 key."""
+    out = {op: _csr_redispatch(op) for op in _CSR_GENERIC}
+    out.update({
+        aten._to_dense.default: _csr_to_dense,
+        aten.sparse_sampled_addmm.default: _sampled_addmm,
+        aten._sparse_mm_reduce_impl.default: _mm_reduce,
+        aten._sparse_mm_reduce_impl_backward.default: _mm_reduce_backward,
+        aten.sparse_mask.default: _csr_sparse_mask,
+        aten.mm.default: _csr_mm,
+        aten.addmm.default: _csr_addmm,
+    })
+    return out
+
+
 def sparse_kernels() -> dict:
     """aten op -> kernel for the SparsePrivateUse1 key."""
     out = {op: _redispatch(op) for op in _GENERIC}
@@ -290,4 +487,8 @@ def dense_kernels() -> dict:
     return {
         aten._to_sparse.default: _to_sparse_dense,
         aten._to_sparse.sparse_dim: _dense_to_sparse,
+        aten._to_sparse_csr.default: _dense_to_csr,
+        aten._to_sparse_csc.default: _dense_to_other("SparseCsc"),
+        aten._to_sparse_bsr.default: _dense_to_other("SparseBsr"),
+        aten._to_sparse_bsc.default: _dense_to_other("SparseBsc"),
     }
