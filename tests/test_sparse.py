@@ -212,5 +212,72 @@ def test_bad_input_errors_read_like_cpus():
         torch.randn(3, 4).to("tpu").to_sparse(0)
     with pytest.raises(RuntimeError, match="cannot be multiplied"):
         torch.sparse.mm(s.to("tpu"), torch.randn(4, 2).to("tpu"))
-    with pytest.raises(NotImplementedError, match="sparse_csr|SparseCsr"):
-        torch.randn(3, 4).to("tpu").to_sparse_csr()
+    with pytest.raises(NotImplementedError, match="SparseBsr is not supported on the 'tpu' device"):
+        torch.randn(4, 4).to("tpu").to_sparse_bsr((2, 2))
+    with pytest.raises(NotImplementedError, match="batched or hybrid sparse CSR"):
+        torch.randn(2, 3, 4).to_sparse_csr().to("tpu").to_dense()
+
+
+# ------------------------------------------------------------------ sparse CSR
+pytestmark = [pytestmark, pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta")]
+
+
+def assert_same_csr(actual, expected, exact=True):
+    assert actual.device.type == "tpu" and actual.layout == expected.layout == torch.sparse_csr
+    assert (actual.shape, actual.dtype, actual._nnz()) == (expected.shape, expected.dtype, expected._nnz())
+    assert torch.equal(actual.crow_indices().cpu(), expected.crow_indices())
+    assert torch.equal(actual.col_indices().cpu(), expected.col_indices())
+    if exact:
+        assert torch.equal(actual.values().cpu(), expected.values())
+    else:
+        torch.testing.assert_close(actual.values().cpu(), expected.values())
+
+
+@pytest.mark.parametrize("shape", [(5, 6), (4, 0), (1, 7)])
+def test_dense_to_csr_and_back_matches_cpu(shape):
+    x = _dense(shape, seed=12)
+    x[0] = 0  # an empty row
+    actual = x.to("tpu").to_sparse_csr()
+    assert_same_csr(actual, x.to_sparse_csr())
+    assert_same_csr(x.to("tpu").to_sparse(layout=torch.sparse_csr), x.to_sparse(layout=torch.sparse_csr))
+    assert torch.equal(actual.to_dense().cpu(), x)
+    back = actual.cpu()
+    assert back.layout == torch.sparse_csr and torch.equal(back.to_dense(), x)
+    assert_same_csr(x.to_sparse_csr().to("tpu"), x.to_sparse_csr())
+
+
+@pytest.mark.parametrize("reduce", ["sum", "mean", "amax", "amin"])
+def test_sparse_mm_reduce_and_gradients_match_cpu(reduce):
+    x = _dense((6, 5), seed=13)
+    x[2] = 0
+    csr = x.to_sparse_csr().requires_grad_()
+    other = torch.randn(5, 4, requires_grad=True)
+    csr_t = x.to("tpu").to_sparse_csr().requires_grad_()
+    other_t = other.detach().to("tpu").requires_grad_()
+    expected = torch.sparse.mm(csr, other, reduce)
+    actual = torch.sparse.mm(csr_t, other_t, reduce)
+    torch.testing.assert_close(actual.detach().cpu(), expected.detach())
+    cotangent = torch.randn(6, 4)
+    expected.backward(cotangent)
+    actual.backward(cotangent.to("tpu"))
+    torch.testing.assert_close(other_t.grad.cpu(), other.grad)
+    torch.testing.assert_close(csr_t.grad.cpu().to_dense(), csr.grad.to_dense())
+
+
+def test_sampled_addmm_matches_cpu():
+    x = _dense((5, 6), seed=14)
+    m1, m2 = torch.randn(5, 3), torch.randn(3, 6)
+    expected = torch.sparse.sampled_addmm(x.to_sparse_csr(), m1, m2, beta=0.2, alpha=0.6)
+    actual = torch.sparse.sampled_addmm(x.to("tpu").to_sparse_csr(), m1.to("tpu"), m2.to("tpu"), beta=0.2, alpha=0.6)
+    assert_same_csr(actual, expected, exact=False)
+
+
+def test_csr_mm_with_dense_operands():
+    x = _dense((5, 6), seed=15)
+    csr, d, e = x.to_sparse_csr(), torch.randn(6, 3), torch.randn(2, 5)
+    csr_t = csr.to("tpu")
+    torch.testing.assert_close(torch.mm(csr_t, d.to("tpu")).cpu(), torch.mm(csr, d))
+    torch.testing.assert_close(torch.mm(e.to("tpu"), csr_t).cpu(), torch.mm(e, csr))
+    a = torch.randn(5, 3)
+    torch.testing.assert_close(torch.addmm(a.to("tpu"), csr_t, d.to("tpu"), beta=0.5, alpha=2.0).cpu(),
+                               torch.addmm(a, csr, d, beta=0.5, alpha=2.0))
