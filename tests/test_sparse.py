@@ -187,6 +187,22 @@ def test_embedding_sparse_gradients_with_sgd():
     torch.testing.assert_close(tpu.weight.detach().cpu(), cpu.weight.detach())
 
 
+def test_sparse_gradients_accumulate_and_sparse_sum():
+    """Two backward passes add sparse gradients (sparse += sparse, copy_sparse_to_sparse_); torch.sparse.sum."""
+    torch.manual_seed(1)
+    cpu = torch.nn.Embedding(10, 3, sparse=True)
+    tpu = torch.nn.Embedding(10, 3, sparse=True)
+    tpu.load_state_dict(cpu.state_dict())
+    tpu = tpu.to("tpu")
+    for model, device in ((cpu, "cpu"), (tpu, "tpu")):
+        for idx in ([1, 2, 1], [2, 3]):
+            model(torch.tensor(idx, device=device)).sum().backward()
+    torch.testing.assert_close(tpu.weight.grad.cpu().to_dense(), cpu.weight.grad.to_dense())
+    s = _uncoalesced(12, size=(3, 4), dense=(2,))
+    torch.testing.assert_close(torch.sparse.sum(s.to("tpu")).cpu(), torch.sparse.sum(s))
+    torch.testing.assert_close(torch.sparse.sum(s.to("tpu"), 0).cpu().to_dense(), torch.sparse.sum(s, 0).to_dense())
+
+
 def test_unsupported_sparse_ops_raise_pytorchs_error_not_a_cpu_fallback():
     from torch_tpu import metrics
 

@@ -39,6 +39,7 @@ _GENERIC = (
     aten.sparse_resize_.default,
     aten.sparse_resize_and_clear_.default,
     aten.copy_.default,
+    aten.copy_sparse_to_sparse_.default,
     aten.clone.default,
     aten.empty.memory_format,
     aten.empty_like.default,
