@@ -177,12 +177,22 @@ def compare(actual, expected, atol, rtol, metadata_only=False):
                 raise Mismatch(f"{where}: dtype {a.dtype}, expected {e.dtype}")
             if a.shape != e.shape:
                 raise Mismatch(f"{where}: shape {tuple(a.shape)}, expected {tuple(e.shape)}")
+            if a.layout != e.layout:
+                raise Mismatch(f"{where}: layout {a.layout}, expected {e.layout}")
             if metadata_only:
                 continue
             a_cpu = a.detach().cpu()
             e = e.detach()
-            if e.layout != torch.strided:
-                e = e.to_dense()
+            if e.layout == torch.sparse_coo:  # as PyTorch compares sparse tensors: coalesced indices, then values
+                if (a_cpu.sparse_dim(), a_cpu.dense_dim()) != (e.sparse_dim(), e.dense_dim()):
+                    raise Mismatch(f"{where}: sparse/dense dims {(a_cpu.sparse_dim(), a_cpu.dense_dim())}, "
+                                   f"expected {(e.sparse_dim(), e.dense_dim())}")
+                a_cpu, e = a_cpu.coalesce(), e.coalesce()
+                if not torch.equal(a_cpu._indices(), e._indices()):
+                    raise Mismatch(f"{where}: sparse indices differ (nnz {a_cpu._nnz()}, expected {e._nnz()})")
+                a_cpu, e = a_cpu._values(), e._values()
+            elif e.layout != torch.strided:
+                a_cpu, e = a_cpu.to_dense(), e.to_dense()
             if e.dtype == torch.bool or not (e.is_floating_point() or e.is_complex()):
                 if not torch.equal(a_cpu, e):
                     bad = (a_cpu != e).sum().item()
@@ -376,6 +386,8 @@ def _check_variants(op, sample, cpu_sample, tpu_sample, atol, rtol, metadata_onl
 def _describe(sample) -> str:
     def d(x):
         if isinstance(x, torch.Tensor):
+            if x.layout != torch.strided:
+                return f"T{tuple(x.shape)}:{str(x.dtype)[6:]}:{str(x.layout)[6:]}@{x.device.type}"
             return f"T{tuple(x.shape)}:{str(x.dtype)[6:]}{'' if x.is_contiguous() else ':nc'}@{x.device.type}"
         return repr(x)
 

@@ -130,12 +130,13 @@ def test_opmath_reference_entries_round_once():
         assert outcome.status == "pass", (name, outcome.reason)
 
 
-def test_complex32_and_sparse_are_refused_with_a_clear_error():
-    """Documented in docs/ops.md: complex32 has no XLA type; tpu storage is dense (PyTorch's dispatcher error)."""
+def test_complex32_and_unsupported_sparse_ops_are_refused_with_a_clear_error():
+    """Documented in docs/ops.md and docs/sparse.md: complex32 has no XLA type; an op with no sparse tpu kernel
+    raises PyTorch's dispatcher error (sparse tensors never fall back to the CPU)."""
     with pytest.raises(TypeError, match="complex32"):
         torch.zeros(3, dtype=torch.complex32, device=TPU)
     with pytest.raises(NotImplementedError, match="Sparsetpu"):
-        torch.randn(3, 3, device=TPU).to_sparse()
+        torch.randn(3, 3, device=TPU).to_sparse().exp()
 
 
 # The heavy OpInfo sweep (10 samples per entry) reruns the other entries these failures came from;

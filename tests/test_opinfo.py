@@ -19,9 +19,6 @@ import opinfo_sweep as sweep
 
 # Entries not run at all (reason shown in docs/op-coverage.md; they count as non-passes).
 SKIP = {
-    "sparse.mm.reduce": "sparse CSR tensors: the tpu device has dense storage only",
-    "sparse.sampled_addmm": "sparse CSR tensors: the tpu device has dense storage only",
-    "to_sparse": "sparse tensors: the tpu device has dense storage only",
 }
 
 # Entries expected not to pass (reason shown in the docs): name, or (name, mode). An XFAIL entry that

@@ -4,7 +4,8 @@ At import only a catch-all fallback is registered (cheap, no JAX). The first
 op that reaches it initialises the runtime and registers the real kernels:
 one per lowered op, one per in-place/out= variant derived from its schema,
 metadata-only view ops (PyTorch's own CPU kernels, redispatched: they only
-touch sizes/strides/storage), and the special kernels (copy_, resize_, item).
+touch sizes/strides/storage), the special kernels (copy_, resize_, item) and the
+sparse COO kernels (eager/sparse.py, on the SparsePrivateUse1 key).
 Ops with no kernel land in the fallback: decomposition, else CPU fallback.
 """
 from __future__ import annotations
@@ -45,7 +46,7 @@ def register_all() -> None:
             return
         from torch_tpu import ops
         from torch_tpu.eager import defer  # noqa: F401  (installs DeferAndFuse's recorder in the executor)
-        from torch_tpu.eager import special
+        from torch_tpu.eager import sparse, special
         from torch_tpu.ops import registry
 
         ops.load_all()
@@ -69,6 +70,12 @@ def register_all() -> None:
 
         for op, kernel in special.kernels().items():
             add(op, kernel)
+        for op, kernel in sparse.dense_kernels().items():  # dense -> sparse COO
+            add(op, kernel)
+        for op, kernel in sparse.sparse_kernels().items():  # sparse COO tpu tensors (eager/sparse.py)
+            lib.impl(op, kernel, "SparsePrivateUse1")
+        for op, kernel in sparse.csr_kernels().items():  # 2-D sparse CSR tpu tensors
+            lib.impl(op, kernel, "SparseCsrPrivateUse1")
         torch_level = registry.kernels()
         for op, kernel in torch_level.items():  # torch-level kernels (ops/dynamic.py)
             add(op, kernel)
