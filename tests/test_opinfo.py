@@ -43,6 +43,10 @@ TOL: dict = {
     # A sample normalising over one element: the exact input gradient is 0 (ours); PyTorch's CPU kernel leaves
     # float32 noise in x - mean, amplified by rstd = 1/sqrt(eps) (~1.2e-4).
     ("nn.functional.layer_norm", "float32_backward"): (3e-4, 1e-4),
+    # Sample 7 (a 5x4 input, 3 reflectors) is ill-conditioned (input gradients up to 197): PyTorch's CPU float32
+    # gradient is 4.0e-3 from the float64 one (element 18: -6.35997 vs -6.36286), ours 1.1e-3 (-6.36398); the two
+    # float32 results differ by 4.0e-3, rel 6.3e-4 (tests/test_op_regressions.py checks ours is the closer one).
+    ("linalg.householder_product", "float32_backward"): (1e-4, 1e-3),
 }
 
 # Entries whose values are random or uninitialised: only result dtype, shape and device are compared
@@ -92,6 +96,9 @@ OPMATH_REFERENCE = {
         # CPU's bfloat16 grid sampler unnormalises the grid coordinates in bfloat16 (errors up to 0.2 in the
         # samples); ours computes coordinates and weights in float32 and equals the rounded-once result.
         "grid_sampler_2d", "grid_sampler_3d", "nn.functional.grid_sample",
+        # Samples 8-9 (4 in, 8 out channels, kernel 3): CPU's bfloat16 result is 0.3125 (rel 5%) off its float32
+        # result rounded once on 2 of 56 elements; ours equals the rounded-once result exactly.
+        "nn.functional.conv_transpose1d",
     )
 }
 
@@ -111,7 +118,22 @@ _TIES = "indices compared through the values they select (PyTorch's CPU sort is 
 
 # Entries whose index results are only defined up to ties: both results are mapped to the values their
 # indices select before comparing (values themselves are still compared exactly).
+def _mode_selected(sample, out):
+    """mode's (values, indices) -> (values, the input values its indices select)."""
+    values, indices = out
+    dim = _dim(sample)
+    keepdim = sample.kwargs.get("keepdim", sample.args[1] if len(sample.args) > 1 else False)
+    if sample.input.dim() == 0 or keepdim:
+        return values, _selected(sample, indices, dim)
+    return values, _selected(sample, indices.unsqueeze(dim), dim).squeeze(dim)
+
+
 CANONICAL = {
+    # PyTorch's CPU mode sorts (value, index) pairs by value alone with std::sort (not stable) and returns the
+    # index of the last pair of the most frequent value's run: which occurrence that is depends on the sort (bf16
+    # sample 6: 3000 elements, 21 equal to the mode; CPU's index is the 14th occurrence, ours the last).
+    "mode": ("indices compared through the values they select (PyTorch's CPU mode returns an unspecified occurrence "
+             "of the mode value: its sort is not stable)", _mode_selected),
     "sort": (_TIES, lambda s, out: (out[0], _selected(s, out[1], _dim(s)))),
     "argsort": (_TIES, lambda s, out: _selected(s, out, _dim(s))),
     "topk": (_TIES, lambda s, out: (out[0], _selected(s, out[1], _dim(s, position=1)))),
@@ -237,8 +259,11 @@ def test_opinfo_exemption_tables_ratchet():
     sweep.check_tables(TABLES)
 
 
+@pytest.mark.defer_pass
 def test_opinfo_float32_forward_quick():
-    """One sample per op_db entry, float32 forward: near the measured rate, and no baseline pass regresses."""
+    """One sample per op_db entry, float32 forward: near the measured rate, and no baseline pass regresses.
+    CI runs it in the DeferAndFuse pass only (make test-defer): in Strict the heavy sweep runs the first 10
+    samples of every entry, this one's included, against the same ratchet."""
     results = _sweep("float32", 1)
     stats = sweep.stats(results)
     assert stats["pass"] / stats["eligible"] >= QUICK_FLOOR, sweep.summary_line("float32", results)
