@@ -249,7 +249,8 @@ def _run(graph, reason: str) -> None:
     ext = graph.ext
     # Donate inputs nobody else holds: the list and getrefcount's argument are the only references.
     donate = tuple(j for j in range(len(ext)) if sys.getrefcount(ext[j]) <= 2)
-    options = (config.defer_repeats, config.defer_min_period, config.defer_max_period, config.defer_loops)  # they shape the plan
+    # They shape the plan.
+    options = (config.defer_repeats, config.defer_min_period, config.defer_max_period, config.defer_loops)
     fingerprint = (bytes(graph.descs), outputs, donate, options)
     plan = _plans.get(fingerprint)
     if plan is None:
@@ -339,9 +340,7 @@ class Segment:
                 results = executable(donated, kept, scalars)
         except jax.errors.JaxRuntimeError as err:
             wheres = [nodes[i].where for i in self.nodes]
-            error = translate_runtime_error(err, f"a deferred graph of {len(self.nodes)} ops")
-            _note(error, "the graph's ops were recorded at:\n" + _sites(wheres))
-            raise error from None
+            raise _runtime_error(err, f"a deferred graph of {len(self.nodes)} ops", wheres) from None
         if self.reshaped:
             results = list(results)
             flat = _flatten(self, [results[k] for k in self.reshaped])
@@ -400,9 +399,8 @@ class Segment:
                 executable = program_mod.compile_indexed(fused, sharding, (donated, kept, scalars), signature,
                                                          out_tree, donate_argnums=(0,) if self.donated else ())
         except jax.errors.JaxRuntimeError as err:
-            error = translate_runtime_error(err, f"compiling a deferred graph of {len(self.nodes)} ops")
-            _note(error, "the graph's ops were recorded at:\n" + _sites(fused.wheres))
-            raise error from None
+            raise _runtime_error(err, f"compiling a deferred graph of {len(self.nodes)} ops",
+                                 fused.wheres) from None
         _executables[key] = executable
         recompiles.segment_compiled(self, nodes, key)
         return executable
@@ -806,6 +804,13 @@ def _form_loops(segments: list, final: set, last_reader: dict) -> list:
     return out
 
 
+def _runtime_error(err, what: str, wheres) -> Exception:
+    """XLA's runtime error `err` of a deferred program, in PyTorch's words, naming the recorded ops' lines."""
+    error = translate_runtime_error(err, what)
+    _note(error, "the graph's ops were recorded at:\n" + _sites(wheres))
+    return error
+
+
 class LoopSegment:
     """Consecutive equal units of a plan run by one program: an XLA while loop over the unit, its iteration
     count a runtime input, so any number of repetitions costs one launch and one compile.
@@ -853,9 +858,8 @@ class LoopSegment:
         try:
             results = executable(inputs, scalars, count)
         except jax.errors.JaxRuntimeError as err:
-            error = translate_runtime_error(err, f"a deferred loop of {len(members)} x {len(last.nodes)} ops")
-            _note(error, "the graph's ops were recorded at:\n" + _sites([nodes[i].where for i in last.nodes]))
-            raise error from None
+            raise _runtime_error(err, f"a deferred loop of {len(members)} x {len(last.nodes)} ops",
+                                 [nodes[i].where for i in last.nodes]) from None
         del inputs
         if last.reshaped:
             results = list(results)
@@ -885,9 +889,7 @@ class LoopSegment:
         try:
             executable = program_mod.compile_indexed(looped, sharding, (inputs, scalars, count), signature, out_tree)
         except jax.errors.JaxRuntimeError as err:
-            error = translate_runtime_error(err, f"compiling a deferred loop of {len(last.nodes)} ops")
-            _note(error, "the graph's ops were recorded at:\n" + _sites(unit.wheres))
-            raise error from None
+            raise _runtime_error(err, f"compiling a deferred loop of {len(last.nodes)} ops", unit.wheres) from None
         _executables[key] = executable
         recompiles.segment_compiled(last, nodes, key)
         return executable
