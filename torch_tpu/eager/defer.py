@@ -318,12 +318,7 @@ class Segment:
                 key = (key, offsets)
         # A repeated graph mostly repeats its scalars; each position's type is fixed by its program
         # (part of the plan's fingerprint), so equal values mean the same device arrays.
-        last = self.last_scalars
-        if last is not None and executor.same_scalars(last[0], raw):
-            scalars = last[1]
-        else:
-            scalars = executor._device_scalars(raw, self.device) if raw else []
-            self.last_scalars = (raw, scalars)
+        scalars = _reused_scalars(self, raw)
         executable = self.executable if offsets is None else None
         if executable is None:
             executable = _executables.get(key)
@@ -804,6 +799,16 @@ def _form_loops(segments: list, final: set, last_reader: dict) -> list:
     return out
 
 
+def _reused_scalars(segment, raw: list) -> list:
+    """Device arrays of a segment's runtime scalars `raw`: the previous run's when they are the same values."""
+    cached = segment.last_scalars
+    if cached is not None and executor.same_scalars(cached[0], raw):
+        return cached[1]
+    scalars = executor._device_scalars(raw, segment.device) if raw else []
+    segment.last_scalars = (raw, scalars)
+    return scalars
+
+
 def _runtime_error(err, what: str, wheres) -> Exception:
     """XLA's runtime error `err` of a deferred program, in PyTorch's words, naming the recorded ops' lines."""
     error = translate_runtime_error(err, what)
@@ -841,12 +846,7 @@ class LoopSegment:
         first, last = members[0], members[-1]
         ext = graph.ext
         inputs = [ext[-1 - s] if s < 0 else values[s] for s in first.sources]
-        cached = self.last_scalars
-        if cached is not None and executor.same_scalars(cached[0], raw):
-            scalars = cached[1]
-        else:
-            scalars = executor._device_scalars(raw, self.device) if raw else []
-            self.last_scalars = (raw, scalars)
+        scalars = _reused_scalars(self, raw)
         (count,) = executor._device_scalars([len(members)], self.device)
         executable = self.executable
         if executable is None:

@@ -47,9 +47,10 @@ _GENERIC = (
 )
 
 
-def _redispatch(op):
+def _redispatch(op, keys=_SPARSE_CPU):
+    """`op`'s kernel for the CPU sparse key `keys`, called on tpu sparse tensors (device-generic kernels only)."""
     def kernel(*args, **kwargs):
-        return op.redispatch(_SPARSE_CPU, *args, **kwargs)
+        return op.redispatch(keys, *args, **kwargs)
 
     return kernel
 
@@ -285,13 +286,6 @@ _CSR_GENERIC = (
 )
 
 
-def _csr_redispatch(op):
-    def kernel(*args, **kwargs):
-        return op.redispatch(_SPARSE_CSR_CPU, *args, **kwargs)
-
-    return kernel
-
-
 def _csr_parts(s, name: str):
     """(row of each entry, column of each entry, values) of a 2-D CSR tensor with no dense dims."""
     if s.layout != torch.sparse_csr:
@@ -451,7 +445,7 @@ def _mm_reduce_backward(self, grad_out, weight, reduce, arg_out, output_mask):
 
 def csr_kernels() -> dict:
     """aten op -> kernel for the SparseCsrPrivateUse1 key."""
-    out = {op: _csr_redispatch(op) for op in _CSR_GENERIC}
+    out = {op: _redispatch(op, _SPARSE_CSR_CPU) for op in _CSR_GENERIC}
     out.update({
         aten._to_dense.default: _csr_to_dense,
         aten.sparse_sampled_addmm.default: _sampled_addmm,
