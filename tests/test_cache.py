@@ -130,6 +130,7 @@ def test_second_process_compiles_nothing(populated, tmp_path):
     assert warm["stats"]["l2"]["saved_seconds"] > 0
 
 
+@pytest.mark.one_mode  # the store's machinery; test_second_process_compiles_nothing covers fused programs
 def test_remote_serves_when_host_level_is_wiped(populated, tmp_path):
     """With level 2 wiped, a file:// remote serves every program, and they are copied back to level 2."""
     cold = _copy(populated, tmp_path)
@@ -141,6 +142,7 @@ def test_remote_serves_when_host_level_is_wiped(populated, tmp_path):
     assert len(_files(tmp_path / "l2", ".exe")) == n
 
 
+@pytest.mark.one_mode  # the store's machinery; test_second_process_compiles_nothing covers fused programs
 def test_corrupt_entries_are_dropped_and_recompiled(populated, tmp_path):
     """Truncated executables and flipped index records are detected, dropped and recompiled, never loaded."""
     cold = _copy(populated, tmp_path)
@@ -162,6 +164,7 @@ def test_corrupt_entries_are_dropped_and_recompiled(populated, tmp_path):
     assert again["compiled"] == 0 and again["stats"]["corrupt"] == 0
 
 
+@pytest.mark.one_mode  # the store's machinery; test_second_process_compiles_nothing covers fused programs
 def test_two_processes_started_together_compile_each_program_once(tmp_path):
     """Two processes missing the same programs at the same moment compile each program once in total."""
     env = [_env(tmp_path / "l2", WORKLOAD_READY=tmp_path / f"ready{i}", WORKLOAD_GO=tmp_path / "go") for i in (0, 1)]

@@ -156,6 +156,7 @@ def test_collectives_ddp_spmd_two_processes():
         assert name in passed, f"check {name!r} did not run"
 
 
+@pytest.mark.one_mode  # failure detection of the process group: no execution mode changes it
 def test_killed_rank_gives_an_error_naming_it():
     """Rank 1 dies; rank 0's next collective raises (within the timeout) naming rank 1. The group was
     made by init_process_group(init_method="tcp://...") with no backend named: tpu_dist is picked."""

@@ -34,6 +34,7 @@ def test_local_rank_index_is_the_process_device():
         assert name in passed, f"check {name!r} did not run"
 
 
+@pytest.mark.one_mode  # device claims: no execution mode changes them
 def test_two_processes_claiming_one_device(tmp_path):
     """Both processes say LOCAL_RANK=0: exactly one gets the device, the other a clear error naming it."""
     results = launch("claim", 2, timeout=180, script="local_device_programs.py",

@@ -37,6 +37,7 @@ _CHOLESKY = """
 """
 
 
+@pytest.mark.one_mode  # sets its subprocesses' mode itself
 @pytest.mark.parametrize("mode", ["strict", pytest.param("debug", marks=pytest.mark.heavy)])
 def test_cholesky_from_compile_cache_does_not_crash(tmp_path, mode):
     """The segfault of issue 13: a LAPACK custom call loaded from the compile cache ran before

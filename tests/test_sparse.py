@@ -9,7 +9,8 @@ import torch
 
 import torch_tpu
 
-pytestmark = pytest.mark.filterwarnings("ignore:Sparse invariant checks")
+# one_mode: the `mode` fixture runs every test in Strict and DeferAndFuse itself; CI's DeferAndFuse pass adds nothing.
+pytestmark = [pytest.mark.filterwarnings("ignore:Sparse invariant checks"), pytest.mark.one_mode]
 
 
 @pytest.fixture(params=["strict", "defer_and_fuse"], autouse=True)
@@ -235,7 +236,7 @@ def test_bad_input_errors_read_like_cpus():
 
 
 # ------------------------------------------------------------------ sparse CSR
-pytestmark = [pytestmark, pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta")]
+pytestmark = [*pytestmark, pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta")]
 
 
 def assert_same_csr(actual, expected, exact=True):
