@@ -15,7 +15,7 @@ EXTRAS ?= test,titan
 
 $(STAMP): pyproject.toml setup.py torch_tpu/csrc/native.cpp torch_tpu/csrc/autocast.cpp torch_tpu/csrc/profiler.cpp
 	test -x $(PYTHON) || $(PY) -m venv $(VENV)
-	$(PYTHON) -m pip install -q $(PINS) numpy setuptools wheel
+	$(PYTHON) -m pip install -q $(PINS) numpy setuptools wheel ninja
 	TORCH_DEVICE_BACKEND_AUTOLOAD=0 $(PYTHON) -m pip install -q --no-build-isolation -e '.[$(EXTRAS)]'
 	touch $(STAMP)
 

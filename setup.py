@@ -21,5 +21,6 @@ setup(
             include_dirs=[os.path.join(include_paths()[0], "kineto")] if KINETO else [],
         )
     ],
-    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=False)},
+    # ninja (installed by `make install`) compiles the three sources in parallel; without it, one after another.
+    cmdclass={"build_ext": BuildExtension},
 )
