@@ -247,10 +247,12 @@ def test_transposed_operands_and_results(torch_default, mode, name):
     torch.testing.assert_close(actual, bf16_product(fn, *operands), rtol=2e-5, atol=2e-5)
 
 
-def test_xla_cpu_products_keep_bfloat16_operands(torch_default):
-    """On XLA:CPU every dot of a "medium" product, transposed operands included, multiplies bfloat16.
+def test_xla_cpu_products_keep_their_operand_type(torch_default):
+    """On XLA:CPU every dot of a "medium" product, transposed operands included, multiplies the type
+    precision.py chose: bfloat16 on a host with bfloat16 instructions, else float32 (the widened
+    bfloat16 values: `widens_low_precision`).
 
-    XLA:CPU widens a dot it will not run in its bfloat16 library kernel to float32 (same numbers,
+    XLA:CPU widens a bfloat16 dot it will not run in its library kernel to float32 (same numbers,
     several times slower); precision.py hands it row-major operands so that it does not.
     """
     import re
@@ -262,6 +264,7 @@ def test_xla_cpu_products_keep_bfloat16_operands(torch_default):
 
     if platform.get().platform != "cpu":
         pytest.skip("XLA:CPU's dot forms")
+    operand_type = "f32" if precision.widens_low_precision() else "bf16"
     x, w, g = (jnp.ones(s, jnp.float32) for s in ((128, K), (96, K), (128, 96)))
     forms = {
         "x @ w.T": lambda x, w, g: precision.matmul(x, w.T),
@@ -276,7 +279,57 @@ def test_xla_cpu_products_keep_bfloat16_operands(torch_default):
         assert dots, name
         for operands in dots:
             types = [re.search("%" + re.escape(o) + r" = (\w+)\[", text).group(1) for o in operands]
-            assert types == ["bf16", "bf16"], (name, types)
+            assert types == [operand_type, operand_type], (name, types)
+
+
+@pytest.mark.parametrize("level", ["medium", "high"])
+def test_widened_low_precision_products_equal_bfloat16_ones(torch_default, monkeypatch, level):
+    """The two forms of a low-precision product (bfloat16 operands, or float32 operands holding the
+    same bfloat16 values: `widens_low_precision`) give the same numbers, up to float32 summation
+    order, for float32 inputs at "medium"/"high", and for bfloat16 inputs; both match the CPU oracle."""
+    import jax
+    import jax.numpy as jnp
+
+    a, b = _operands(((64, K), (K, 48)), seed=17)
+    args = (_jnp(a), _jnp(b))
+    bf = tuple(x.astype(jnp.bfloat16) for x in args)
+    results = {}
+    for widens in (False, True):
+        monkeypatch.setattr(precision, "widens_low_precision", lambda widens=widens: widens)
+        with precision.use(level):
+            f32 = jax.jit(precision.matmul)(*args)
+            conv = jax.jit(lambda x, w: precision.conv_general_dilated(x, w, (1,), "VALID"))(
+                args[0].T[None], args[1].T[:, :, None])  # [1, K, 64] * [48, K, 1]: a 1x1 convolution
+        low = jax.jit(precision.matmul)(*bf)
+        results[widens] = [_torch(r.astype(jnp.float32)) for r in (f32, conv, low)]
+    for narrow, wide in zip(results[False], results[True]):
+        torch.testing.assert_close(wide, narrow, rtol=1e-5, atol=1e-5)
+    if level == "medium":
+        torch.testing.assert_close(results[True][0], bf16_product(torch.mm, a, b), rtol=2e-5, atol=2e-5)
+    expected_low = (a.bfloat16().float() @ b.bfloat16().float()).bfloat16().float()
+    torch.testing.assert_close(results[True][2], expected_low, rtol=0, atol=0)
+
+
+def test_widens_low_precision_reads_the_host(monkeypatch):
+    """XLA:CPU without bfloat16 multiply instructions widens; with avx512_bf16 or amx_bf16 it does not."""
+    import builtins
+    import io
+
+    from torch_tpu.runtime import platform
+
+    if platform.get().platform != "cpu":
+        assert not precision.widens_low_precision()
+        return
+    real_open = builtins.open
+    for flags, widens in (("fpu sse2 avx2 fma", True), ("fpu avx2 avx512f avx512_bf16", False), ("amx_bf16", False)):
+        monkeypatch.setattr(builtins, "open", lambda path, *a, flags=flags, **k: io.StringIO(
+            f"processor\t: 0\nflags\t\t: {flags}\n") if path == "/proc/cpuinfo" else real_open(path, *a, **k))
+        precision.widens_low_precision.cache_clear()
+        try:
+            assert precision.widens_low_precision() is widens, flags
+        finally:
+            monkeypatch.setattr(builtins, "open", real_open)
+            precision.widens_low_precision.cache_clear()
 
 
 def test_xla_cpu_transposed_view_operand_is_taken_as_it_lies(torch_default):
