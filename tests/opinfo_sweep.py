@@ -43,15 +43,13 @@ SAMPLES = 3
 # The heavy sweep's samples per entry: later samples hold PyTorch's edge cases (0-d and empty tensors,
 # broadcasting masks, short padding forms). Variants run one sample: each runs the op three times
 # (in-place on a dense and a strided self, out=) and checks aliasing. Backward and bfloat16 at 10 cost about
-# 2.2x their 3; the 1-sample quick sweep left the Strict fast pass to pay for part of it (docs/ops.md, "Cost").
-# CI runs backward and bfloat16 at 3 for now: at 10 (measured: same counts, docs/ops.md "Cost") the heavy suite
-# would not fit CI's time on a slower CI machine; the switch is these two lines (CHUNKS 8 and 5) and `--accept`.
-SAMPLES_BY_MODE = {"float32": 10, "float32_backward": 3, "bfloat16": 3, "float32_variants": 1}
+# 2.2x their 3 (docs/ops.md, "Cost").
+SAMPLES_BY_MODE = {"float32": 10, "float32_backward": 10, "bfloat16": 10, "float32_variants": 1}
 
 # The heavy sweep's chunks per mode: chunk k of n runs every n-th eligible entry from the k-th (op_db
 # order interleaves op families, so chunks cost about the same). tests/conftest.py makes each chunk its
 # own pytest-xdist work unit; sized to about equal cost (a few minutes in CI; measured in docs/ops.md).
-CHUNKS = {"float32": 6, "float32_backward": 4, "bfloat16": 2, "float32_variants": 2}
+CHUNKS = {"float32": 6, "float32_backward": 8, "bfloat16": 5, "float32_variants": 2}
 
 MODES = {  # mode -> (dtype, backward)
     "float32": (torch.float32, False),

@@ -549,7 +549,7 @@ def test_ops_collectives_need_a_process_group():
         torch.tpu.ops.all_gather_dim(torch.ones(2, device="tpu"), 0)
 
 
-@pytest.mark.skipif(torch_tpu.config.config.defer_and_fuse, reason="the program runs Strict and DeferAndFuse itself")
+@pytest.mark.one_mode  # the program runs Strict and DeferAndFuse itself
 def test_ops_collectives_dim_two_processes():
     """all_gather_dim / reduce_scatter_dim (their gradients, compiled) on 2 processes == gloo on CPU; ragged_all_to_all
     (uneven rows, spare rows, gradients) == the rows every rank's CPU inputs route."""

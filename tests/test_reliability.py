@@ -57,8 +57,7 @@ import torch_tpu  # noqa: E402
 F = torch.nn.functional
 MODES = ("strict", "debug", "defer_and_fuse")
 # These tests switch modes themselves (all three each): CI's second pass under DeferAndFuse adds nothing.
-_all_modes = pytest.mark.skipif(os.environ.get("TORCH_TPU_DEFER_AND_FUSE") == "1",
-                                reason="runs every execution mode itself")
+_all_modes = pytest.mark.one_mode
 
 
 def _t(value, device):
@@ -263,8 +262,7 @@ def test_training_loop_fault_at_step_5(mode):
         _device_works()
 
 
-@pytest.mark.skipif(os.environ.get("TORCH_TPU_DEFER_AND_FUSE") == "1",
-                    reason="a torch.compile graph runs the same way in both eager modes (it materializes first)")
+@pytest.mark.one_mode  # a torch.compile graph runs the same way in both eager modes (it materializes first)
 def test_compiled_graph_value_checks():
     """A torch.compile graph carries its checked ops' flags: a bad index raises PyTorch's error at the next
     read (naming the op), the graph's results are lost, and later calls with good values match CPU."""
