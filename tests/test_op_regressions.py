@@ -222,8 +222,9 @@ def test_householder_product_backward_ill_conditioned_sample_is_nearer_float64_t
 
 def test_conv_transpose1d_bfloat16_rounds_once_where_cpu_rounds_intermediates():
     """OPMATH_REFERENCE's conv_transpose1d entry: on the samples where PyTorch's CPU bfloat16 kernel is off its
-    float32 result rounded once (4 in, 8 out channels, kernel 3: 0.3125 on 2 of 56 elements), ours is that
-    rounded-once result exactly."""
+    float32 result rounded once (4 in, 8 out channels, kernel 3: 0.3125 on 2 of 56 elements on an AVX2-only
+    host), ours is that rounded-once result exactly. Where the CPU kernel rounds once itself (a host with
+    native bfloat16 instructions, whose oneDNN kernel accumulates in float32) it agrees with both."""
     import itertools
 
     op = next(op for op in sweep.op_db() if sweep.entry_name(op) == "nn.functional.conv_transpose1d")
@@ -234,7 +235,8 @@ def test_conv_transpose1d_bfloat16_rounds_once_where_cpu_rounds_intermediates():
     cpu = sweep._call(op, sample)
     ours = sweep._call(op, sweep._copied(sample, "tpu", "cpu")).cpu()
     assert torch.equal(ours, once)
-    assert (cpu.float() - once.float()).abs().max().item() >= 0.25  # CPU's kernel is the one that differs
+    # CPU's kernel, where it differs, is the one that rounds intermediates: off by whole bfloat16 steps.
+    assert torch.equal(cpu, once) or (cpu.float() - once.float()).abs().max().item() >= 0.25
 
 
 def test_mode_with_many_ties_returns_an_occurrence_of_the_mode_value():

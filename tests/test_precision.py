@@ -392,7 +392,10 @@ def test_low_precision_bias_rounds_once(form):
     """bfloat16 linear/addmm adds the bias to the float32 accumulator and rounds once, as PyTorch's CUDA kernels do.
 
     The oracle is the float64 result rounded once. PyTorch's CPU kernel matches it on some CPUs and not on
-    others (on an AVX2-only CPU its bfloat16 GEMM rounds differently), so it is not the reference here."""
+    others (on an AVX2-only CPU its bfloat16 GEMM rounds differently), so it is not the reference here.
+    A float32 accumulator is itself rounded: where the exact value lies within its error bound
+    (n * 2**-24 * the sum of |terms|) of a bfloat16 rounding midpoint, either neighbour is right
+    (1 element of 8192 on a host whose XLA:CPU keeps the dot in bfloat16); elsewhere the result is exact."""
     g = torch.Generator().manual_seed(0)
     x, w = torch.randn(64, 256, generator=g).bfloat16(), torch.randn(128, 256, generator=g).bfloat16()
     bias = (torch.randn(128, generator=g) * 30).bfloat16()
@@ -408,7 +411,13 @@ def test_low_precision_bias_rounds_once(form):
         torch.addmm(bt, xt, wt.T, out=actual)
     else:
         actual = bt.expand(64, 128).clone().addmm_(xt, wt.T)
-    assert torch.equal(actual.cpu(), expected)
+    actual = actual.cpu()
+    exact = x.double() @ w.double().T + bias.double()
+    bound = 257 * 2.0**-24 * (x.double().abs() @ w.double().abs().T + bias.double().abs())
+    midpoint = (actual.double() + expected.double()) / 2
+    off = actual != expected
+    assert off.sum() <= 8, f"{off.sum()} of {off.numel()} elements are not the exact result rounded once"
+    assert ((exact - midpoint).abs() <= bound)[off].all(), "a result off the rounded-once value, not at a tie"
 
 
 def test_high_keeps_infinities():
