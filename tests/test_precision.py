@@ -399,9 +399,11 @@ def test_low_precision_bias_rounds_once(form):
     g = torch.Generator().manual_seed(0)
     x, w = torch.randn(64, 256, generator=g).bfloat16(), torch.randn(128, 256, generator=g).bfloat16()
     bias = (torch.randn(128, generator=g) * 30).bfloat16()
-    expected = (x.double() @ w.double().T + bias.double()).bfloat16()
+    product = x.double() @ w.double().T
+    exact = product + bias.double()
+    expected = exact.bfloat16()
     # Rounding the bias into the product first (what "round twice" gives) is a different answer: the test can fail.
-    twice = ((x.double() @ w.double().T).bfloat16().double() + bias.double()).bfloat16()
+    twice = (product.bfloat16().double() + bias.double()).bfloat16()
     assert not torch.equal(twice, expected)
     xt, wt, bt = x.to(TPU), w.to(TPU), bias.to(TPU)
     if form == "functional":
@@ -412,8 +414,7 @@ def test_low_precision_bias_rounds_once(form):
     else:
         actual = bt.expand(64, 128).clone().addmm_(xt, wt.T)
     actual = actual.cpu()
-    exact = x.double() @ w.double().T + bias.double()
-    bound = 257 * 2.0**-24 * (x.double().abs() @ w.double().abs().T + bias.double().abs())
+    bound = 257 * 2.0**-24 * (x.double().abs() @ w.double().abs().T + bias.double().abs())  # 256 products + bias
     midpoint = (actual.double() + expected.double()) / 2
     off = actual != expected
     assert off.sum() <= 8, f"{off.sum()} of {off.numel()} elements are not the exact result rounded once"
