@@ -101,6 +101,69 @@ def test_compiled_foreach_optimizer_step_matches_cpu(cls, kwargs):
     assert torch_tpu.compile.stats.eager_graphs == 0
 
 
+@pytest.mark.parametrize("backend", ["tpu", None], ids=["tpu", "default"])
+def test_compiled_optimizer_keeps_step_counts_on_tpu(backend):
+    """As Dynamo does for CUDA: a tpu optimizer compiled before its state exists becomes capturable, so
+    its step counts live on tpu and no CPU op runs between the graph launches (no host steps)."""
+    model = _mlp()
+    tpu_model = copy.deepcopy(model).to(TPU)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.1, foreach=False)
+    tpu_opt = torch.optim.AdamW(tpu_model.parameters(), lr=0.01, weight_decay=0.1, foreach=True)
+    step = torch.compile(_train_step, backend=backend) if backend else torch.compile(_train_step)
+    x = torch.randn(5, 8)
+    for _ in range(3):
+        step(tpu_model, tpu_opt, x.to(TPU))
+        _train_step(model, opt, x)
+    assert tpu_opt.param_groups[0]["capturable"] is True
+    assert all(s["step"].device.type == "tpu" and s["step"].item() == 3 for s in tpu_opt.state.values())
+    assert torch_tpu.compile.stats.host_steps == 0
+    for p, q in zip(model.parameters(), tpu_model.parameters()):
+        assert _max_diff(q, p) < 1e-5
+    assert torch_tpu.compile.stats.eager_graphs == 0
+
+
+def test_compiled_optimizer_with_existing_state():
+    """State made by an eager step first: the group stays non-capturable (as on CUDA); Dynamo moves the
+    CPU step counts to the parameters' device while tracing (for every device), and the numbers match CPU."""
+    model = _mlp()
+    tpu_model = copy.deepcopy(model).to(TPU)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01, foreach=False)
+    tpu_opt = torch.optim.Adam(tpu_model.parameters(), lr=0.01, foreach=True)
+    x = torch.randn(5, 8)
+    _train_step(tpu_model, tpu_opt, x.to(TPU))
+    _train_step(model, opt, x)
+    step = torch.compile(_train_step, backend="tpu")
+    for _ in range(3):
+        step(tpu_model, tpu_opt, x.to(TPU))
+        _train_step(model, opt, x)
+    assert tpu_opt.param_groups[0]["capturable"] is False
+    assert all(s["step"].item() == 4 for s in tpu_opt.state.values())
+    for p, q in zip(model.parameters(), tpu_model.parameters()):
+        assert _max_diff(q, p) < 1e-5
+    assert torch_tpu.compile.stats.eager_graphs == 0
+
+
+def test_cpu_scalar_tensors_run_as_host_steps():
+    """0-dim CPU tensors in a tpu graph (what a non-capturable optimizer's step counts were) are computed by
+    PyTorch on the host before each launch, their updates land in the CPU tensors, and the values they feed
+    are runtime scalars of one program (no recompile as they change)."""
+    def bias_corrected(x, count):
+        count.add_(1)
+        return x / (1 - 0.9 ** count)
+
+    x = torch.randn(6)
+    count, tpu_count = torch.tensor(0.0), torch.tensor(0.0)
+    fn = torch.compile(bias_corrected, backend="tpu")
+    compiles = torch_tpu.cache.stats()["compiles"]
+    for _ in range(4):
+        out = fn(x.to(TPU), tpu_count)
+        torch.testing.assert_close(out.cpu(), bias_corrected(x, count))
+    assert tpu_count.device.type == "cpu" and tpu_count.item() == 4
+    assert torch_tpu.compile.stats.host_steps >= 4
+    assert torch_tpu.compile.stats.plans == 1
+    assert torch_tpu.cache.stats()["compiles"] - compiles <= 3  # the graph's program and its helpers, once
+
+
 @pytest.mark.parametrize("cls", [torch.optim.AdamW, torch.optim.SGD], ids=["AdamW", "SGD"])
 def test_compiled_step_with_fused_optimizer_matches_cpu(cls):
     """fused=True: PyTorch never traces a fused optimizer (torch.compiler.disable); its kernel runs eagerly,

@@ -21,7 +21,10 @@ def register() -> None:
     """Register `tpu_backend` with Dynamo as "tpu" (imports torch._dynamo; idempotent)."""
     from torch._dynamo.backends import registry
 
+    from torch_tpu.compile import optimizers
+
     skip_library_frames()
+    optimizers.install()
     if registry._COMPILER_FNS.get("tpu") is tpu_backend:
         return
     registry._COMPILER_FNS.pop("tpu", None)

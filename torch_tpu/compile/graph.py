@@ -46,6 +46,7 @@ class Stats:
         self.calls = 0  # compiled graph calls
         self.eager_graphs = 0  # graphs run op by op in eager (see `Unsupported`)
         self.donations = 0  # input buffers donated to graph programs
+        self.host_steps = 0  # CPU ops run by PyTorch between launches (a non-capturable optimizer's step counts)
 
     def as_dict(self) -> dict:
         return dict(vars(self))
@@ -124,7 +125,10 @@ class GraphFunction:
             if compiled is None:
                 return self._run_eager(args)
         plan = compiled.plan
-        env, host = plan.run_host(args) if plan.n_host else (None, None)
+        env, host = None, None
+        if plan.n_host:
+            env, host = plan.run_host(args)
+            stats.host_steps += len(plan.host_steps) + len(plan.host_mutations)
         aliases = [_view_of(args[out[1]], out) for out in plan.outputs if out[0] == "alias"]
         args.clear()
         donated = [_own(arrays[s]) for s in compiled.donated_slots]

@@ -9,7 +9,9 @@ wraps that method: a graph with a tensor input on "tpu" goes to `tpu_backend`, a
 graph to Inductor, unchanged. PyTorch has no public per-device hook for this (Inductor's
 `register_backend_for_device` picks a code generator, below AOTAutograd and graph
 partitioning), so this one private method is wrapped, only on the torch versions it was
-checked on. `torch._dynamo.optimize("inductor")` calls Inductor directly and is not routed.
+checked on; its `__init__` (run by `torch.compile`, before tracing) is wrapped to register
+"tpu" with Dynamo, whose hooks act while tracing (compile/optimizers.py).
+`torch._dynamo.optimize("inductor")` calls Inductor directly and is not routed.
 
 Importing this module imports nothing heavy (no torch._dynamo, no JAX).
 """
@@ -42,19 +44,28 @@ def install() -> bool:
     if not supported():
         return False
     wrapper = torch._TorchCompileInductorWrapper
-    original = wrapper.__call__
+    original, original_init = wrapper.__call__, wrapper.__init__
+
+    def __init__(self, *args, **kwargs):
+        # torch.compile(...) made this wrapper, so Dynamo is imported: register "tpu" now, before
+        # tracing (its Dynamo hooks, such as capturable tpu optimizers, act while tracing).
+        from torch_tpu.compile import register
+
+        register()
+        original_init(self, *args, **kwargs)
 
     def __call__(self, model_, inputs_, **kwargs):
         if on_tpu(inputs_):
             from torch_tpu.compile import register, tpu_backend
 
-            register()  # Dynamo is running: "tpu" becomes known by name too
+            register()  # idempotent (a wrapper made before `import torch_tpu` skipped __init__'s)
             return tpu_backend(model_, inputs_)
         return original(self, model_, inputs_, **kwargs)
 
     __call__.__wrapped__ = original
-    wrapper.__call__ = __call__
-    _original = original
+    __init__.__wrapped__ = original_init
+    wrapper.__call__, wrapper.__init__ = __call__, __init__
+    _original = original, original_init
     return True
 
 
@@ -62,7 +73,7 @@ def uninstall() -> None:
     """Give Inductor every graph again."""
     global _original
     if _original is not None:
-        torch._TorchCompileInductorWrapper.__call__ = _original
+        torch._TorchCompileInductorWrapper.__call__, torch._TorchCompileInductorWrapper.__init__ = _original
         _original = None
 
 
