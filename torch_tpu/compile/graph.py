@@ -140,7 +140,7 @@ class GraphFunction:
         for s in plan.mutated:  # donated: the storages get the new buffers below
             arrays[s] = None
         try:
-            outs, updated = compiled.executable(donated, kept, rng, host)
+            outs, updated = compiled.executable(donated, [*kept, rng, host])
         except jax.errors.JaxRuntimeError as err:
             raise translate_runtime_error(err, f"a torch.compile graph ({self.name})") from None
         del donated
@@ -233,10 +233,10 @@ class GraphFunction:
         if group is not None:  # functional collectives: one SPMD program over the group (distributed/compiled.py)
             from torch_tpu.distributed.compiled import SpmdExecutable
 
-            executable = SpmdExecutable(fn, group, (donated, kept, rng, host))
+            executable = SpmdExecutable(fn, group, (donated, [*kept, rng, host]))
         else:
-            self.options.dump_program(self, fn, sharding, (donated, kept, rng, host), len(self.compiled))
-            executable = program_mod.compile_indexed(fn, sharding, (donated, kept, rng, host), signature, out_tree,
+            self.options.dump_program(self, fn, sharding, (donated, [*kept, rng, host]), len(self.compiled))
+            executable = program_mod.compile_indexed(fn, sharding, (donated, [*kept, rng, host]), signature, out_tree,
                                                      donate_argnums=(0,), options=self.options.xla_flags)
         compiled = Compiled()
         compiled.plan = plan

@@ -375,13 +375,16 @@ class Plan:
 
     # ------------------------------------------------------------ tracing
     def function(self):
-        """The traced function: (donated buffers, kept buffers, rng words) -> (outputs, mutated inputs' buffers)."""
+        """The traced function: (donated buffers, [*kept buffers, rng words, host scalars]) -> (outputs, mutated
+        inputs' buffers). Two flat lists in and out: the calling form the compile cache's loaded executables
+        run without pytree work (cache/executable.py)."""
         layout = [(dtypes.to_jax(dtype), nbytes // dtype.itemsize) for dtype, nbytes in self.slot_layout]
         read_slots = [s for s in self.input_slots if s not in self.unwritten]
         donated_slots = [s for s in read_slots if s in set(self.mutated)]
         kept_slots = [s for s in read_slots if s not in set(self.mutated)]
 
-        def graph(donated, kept, rng, host):
+        def graph(donated, rest):
+            kept, rng, host = rest[:-2], rest[-2], rest[-1]
             bufs = [None] * len(layout)
             for s, array in zip(donated_slots, donated):
                 bufs[s] = array
