@@ -121,6 +121,41 @@ def test_a_thread_waits_for_the_graph_lock():
     torch.testing.assert_close(out["y"], torch.full((8,), 3.0))
 
 
+@pytest.mark.one_mode
+def test_recorder_lock_is_a_reentrant_lock():
+    """defer.lock (native, so the recorder takes it without Python) behaves as threading.RLock: reentrant
+    in its thread, refused to others (non-blocking, or after a timeout) until fully released; releasing
+    a lock the thread does not hold is PyTorch-style RuntimeError, not a crash."""
+    lock = _native.RecorderLock()
+    assert lock.acquire() and lock.acquire(blocking=False)  # reentrant
+    other = {}
+
+    def try_from_another_thread():
+        other["nonblocking"] = lock.acquire(blocking=False)
+        other["timed"] = lock.acquire(timeout=0.05)
+
+    worker = threading.Thread(target=try_from_another_thread)
+    worker.start()
+    worker.join(timeout=30)
+    assert other == {"nonblocking": False, "timed": False}
+    lock.release()
+    worker = threading.Thread(target=try_from_another_thread)
+    worker.start()
+    worker.join(timeout=30)
+    assert other == {"nonblocking": False, "timed": False}  # still held once
+    lock.release()
+    with pytest.raises(RuntimeError, match="un-acquired"):
+        lock.release()
+    got = []
+    worker = threading.Thread(target=lambda: got.append(lock.acquire(timeout=5)) or lock.release())
+    with lock:  # a waiting thread gets it once the block ends
+        worker.start()
+        worker.join(timeout=0.1)
+        assert worker.is_alive()
+    worker.join(timeout=30)
+    assert got == [True]
+
+
 def test_recording_is_native_again_once_the_lost_tensor_is_freed():
     """A failed value check marks its result lost, which sends ops to the Python recorder (it raises for
     lost inputs); freeing that tensor clears the flag by itself, and the next ops record natively."""

@@ -26,10 +26,13 @@
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/csrc/utils/tensor_memoryformats.h>
 #include <torch/library.h>
+#include <c10/util/SmallVector.h>
 
 #include <structmember.h>
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -559,8 +562,12 @@ struct SignatureBuilder : SlotTable {
 bool is_number(PyObject* v) { return PyFloat_CheckExact(v) || PyLong_CheckExact(v) || PyBool_Check(v); }
 
 void drain_into(py::dict& buffers) {
-  // Drop the buffers of storages PyTorch freed since the last op.
-  std::vector<uint64_t> freed;
+  // Drop the buffers of storages PyTorch freed since the last op. The list trades places with a
+  // spare one that keeps its capacity (no allocation per op); a nested call (a callback run by a
+  // dict deletion) finds no spare and allocates.
+  thread_local std::vector<uint64_t> spare;
+  std::vector<uint64_t> freed = std::move(spare);
+  freed.clear();
   {
     std::lock_guard<std::mutex> lock(g_freed_mutex);
     freed.swap(g_freed);
@@ -569,6 +576,8 @@ void drain_into(py::dict& buffers) {
     py::int_ key(address);
     if (PyDict_DelItem(buffers.ptr(), key.ptr()) != 0) PyErr_Clear();
   }
+  freed.clear();
+  spare = std::move(freed);
 }
 
 // A signature: the key (see eager/program.py) plus what launching needs.
@@ -934,7 +943,10 @@ void read_plan(const py::tuple& f, ProgramPlan& plan) {
 }
 
 // Fresh tpu tensors in a plan's output layouts (undefined where an output is None).
-std::vector<at::Tensor> allocate_outputs(const std::vector<OutputLayout>& layouts, int device);
+// Per-call vectors on the stack (no heap allocation on the hot paths for the usual few slots/outputs).
+using Outputs = c10::SmallVector<at::Tensor, 4>;
+using SlotObjects = c10::SmallVector<py::object, 6>;
+Outputs allocate_outputs(const std::vector<OutputLayout>& layouts, int device);
 
 // What a cache hit needs, converted once from `OpProgram.fast` (see executor.py).
 struct FastEntry : ProgramPlan {
@@ -989,11 +1001,14 @@ struct KeyBuilder : SlotTable {
     return true;
   }
 
+  // A wrapped number is a 0-dim CPU tensor made from a Python scalar: read in place (item() would
+  // dispatch an op).
   bool wrapped_number(const at::Tensor& t) {
+    if (t.device().type() != c10::DeviceType::CPU || t.numel() != 1) return false;
     switch (t.scalar_type()) {
-      case at::kDouble: return number(c10::IValue(t.item<double>()), false);
-      case at::kLong: return number(c10::IValue(t.item<int64_t>()), false);
-      case at::kBool: return number(c10::IValue(t.item<bool>()), false);
+      case at::kDouble: return number(c10::IValue(*t.const_data_ptr<double>()), false);
+      case at::kLong: return number(c10::IValue(*t.const_data_ptr<int64_t>()), false);
+      case at::kBool: return number(c10::IValue(*t.const_data_ptr<bool>()), false);
       default: return false;
     }
   }
@@ -1096,6 +1111,7 @@ KeyBuilder& key_builder() {
 // the Python recorder.
 std::atomic<bool> g_defer_enabled{false};
 std::atomic<int64_t> g_native_recorded{0};
+std::atomic<bool> g_any_lost{false};  // valuecheck.any_lost, kept in step by valuecheck.py
 // Why calls went to the Python recorder (diagnostics: `_native.defer_fallbacks()`).
 enum DeferFallback { kArguments = 0, kLocked, kModeChanged, kLostValues, kNewSignature, kPythonProgram, kSizeCap,
                      kUnreadyInput, kFallbackKinds };
@@ -1108,12 +1124,60 @@ inline bool fallback(DeferFallback why) {
   return false;
 }
 
+// defer.lock: a reentrant lock the native recorder takes without calling Python (two Python
+// method calls per recorded op cost ~0.1 us). Python uses it like threading.RLock (acquire,
+// release, `with`); a blocking acquire waits with the GIL released, as RLock's does.
+struct RecorderLock {
+  std::mutex m;
+  std::condition_variable freed;
+  unsigned long owner = 0;  // the holder's PyThread ident; count 0: free
+  int64_t count = 0;
+
+  bool try_acquire(unsigned long me) {
+    std::lock_guard<std::mutex> g(m);
+    if (count == 0 || owner == me) {
+      owner = me;
+      ++count;
+      return true;
+    }
+    return false;
+  }
+  bool acquire(bool blocking, double timeout) {
+    unsigned long me = PyThread_get_thread_ident();
+    if (try_acquire(me)) return true;
+    if (!blocking) return false;
+    py::gil_scoped_release nogil;
+    std::unique_lock<std::mutex> l(m);
+    auto is_free = [&] { return count == 0; };
+    if (timeout < 0) {
+      freed.wait(l, is_free);
+    } else if (!freed.wait_for(l, std::chrono::duration<double>(timeout), is_free)) {
+      return false;
+    }
+    owner = me;
+    count = 1;
+    return true;
+  }
+  void release() {
+    unsigned long me = PyThread_get_thread_ident();
+    std::lock_guard<std::mutex> g(m);
+    if (count == 0 || owner != me) throw std::runtime_error("cannot release un-acquired lock");
+    if (--count == 0) {
+      owner = 0;
+      freed.notify_one();
+    }
+  }
+};
+
 struct DeferHooks {
-  py::object module, lock, config, valuecheck, is_library, user_code, on_first;
+  py::object module, lock, config, config_dict, valuecheck, is_library, user_code, on_first;
+  RecorderLock* native_lock = nullptr;  // lock's C++ object
+  PyObject* module_dict = nullptr;  // defer's globals (borrowed: the module lives as long as the process)
+  PyTypeObject* graph_type = nullptr;
+  Py_ssize_t graph_nodes = 0, graph_descs = 0, graph_ext = 0, graph_ext_ids = 0;
   PyTypeObject *node_type = nullptr, *pending_type = nullptr, *lost_type = nullptr;
   Py_ssize_t node_prog = 0, node_refs = 0, node_scalars = 0, node_device = 0, node_where = 0, pending_ref = 0;
-  py::object s_graph, s_nodes, s_descs, s_ext, s_ext_ids, s_acquire, s_release, s_defer_and_fuse, s_max_ops,
-      s_any_lost;
+  py::object s_graph, s_defer_and_fuse, s_max_ops;
 };
 DeferHooks* g_defer = nullptr;  // never destroyed (its Python objects outlive no interpreter)
 
@@ -1141,7 +1205,16 @@ void set_defer_hooks(py::object module, py::object lock, py::object config, py::
   auto* d = new DeferHooks();
   d->module = module;
   d->lock = lock;
+  d->native_lock = lock.cast<RecorderLock*>();
+  d->module_dict = PyModule_GetDict(module.ptr());
+  d->graph_type = reinterpret_cast<PyTypeObject*>(py::object(module.attr("Graph")).release().ptr());
+  d->graph_nodes = slot_offset(d->graph_type, "nodes");
+  d->graph_descs = slot_offset(d->graph_type, "descs");
+  d->graph_ext = slot_offset(d->graph_type, "ext");
+  d->graph_ext_ids = slot_offset(d->graph_type, "ext_ids");
   d->config = config;
+  d->config_dict = py::reinterpret_borrow<py::object>(PyObject_GenericGetDict(config.ptr(), nullptr));
+  Py_DECREF(d->config_dict.ptr());  // GenericGetDict returned a new reference
   d->valuecheck = valuecheck;
   d->is_library = is_library;
   d->user_code = user_code;
@@ -1157,15 +1230,8 @@ void set_defer_hooks(py::object module, py::object lock, py::object config, py::
   d->pending_ref = slot_offset(d->pending_type, "ref");
   auto intern = [](const char* name) { return py::reinterpret_steal<py::object>(PyUnicode_InternFromString(name)); };
   d->s_graph = intern("_graph");
-  d->s_nodes = intern("nodes");
-  d->s_descs = intern("descs");
-  d->s_ext = intern("ext");
-  d->s_ext_ids = intern("ext_ids");
-  d->s_acquire = intern("acquire");
-  d->s_release = intern("release");
   d->s_defer_and_fuse = intern("defer_and_fuse");
   d->s_max_ops = intern("defer_max_ops");
-  d->s_any_lost = intern("any_lost");
   delete g_defer;
   g_defer = d;
 }
@@ -1176,22 +1242,31 @@ py::object attr(const py::object& obj, const py::object& name) {
   return py::reinterpret_steal<py::object>(v);
 }
 
-// Holds defer.lock (an RLock) for one native recording, if no other thread holds it.
-struct DeferLock {
-  bool held = false;
-  DeferLock() {
-    PyObject* got = PyObject_CallMethodOneArg(g_defer->lock.ptr(), g_defer->s_acquire.ptr(), Py_False);
-    if (got == nullptr) throw python_error();
-    held = got == Py_True;
-    Py_DECREF(got);
+// (code, instruction offset) -> the (code, line) tuple of recorded nodes: a training loop records
+// from the same lines again and again, so each site's line is looked up once. Holds the code
+// objects, so their addresses are not reused while cached (never freed, like the code's own
+// classification in recompiles._is_library).
+auto& g_sites = *new std::unordered_map<std::pair<PyObject*, int>, PyObject*, c10::hash<std::pair<PyObject*, int>>>();
+// recompiles._is_library by code address (a code is classified once, by Python).
+auto& g_code_library = *new std::unordered_map<PyObject*, bool>();
+
+// A field of torch_tpu.config (borrowed), read from the instance's dict: no attribute lookup.
+PyObject* config_value(const DeferHooks& d, const py::object& name) {
+  PyObject* v = PyDict_GetItemWithError(d.config_dict.ptr(), name.ptr());
+  if (v == nullptr) {
+    if (!PyErr_Occurred()) PyErr_Format(PyExc_AttributeError, "torch_tpu.config has no field %S", name.ptr());
+    throw python_error();
   }
+  return v;
+}
+
+// Holds defer.lock for one native recording, if no other thread holds it.
+struct DeferLock {
+  RecorderLock* lock;
+  bool held;
+  DeferLock() : lock(g_defer->native_lock), held(lock->try_acquire(PyThread_get_thread_ident())) {}
   ~DeferLock() {
-    if (!held) return;
-    PyObject *type, *value, *tb;
-    PyErr_Fetch(&type, &value, &tb);  // released while an error propagates, too
-    PyObject* r = PyObject_CallMethodNoArgs(g_defer->lock.ptr(), g_defer->s_release.ptr());
-    if (r == nullptr) PyErr_Clear(); else Py_DECREF(r);
-    PyErr_Restore(type, value, tb);
+    if (held) lock->release();
   }
 };
 
@@ -1203,18 +1278,41 @@ py::object user_where() {
   Py_XINCREF(f);
   while (f != nullptr) {
     PyCodeObject* code = PyFrame_GetCode(f);
-    PyObject* library = PyDict_GetItem(g_defer->is_library.ptr(), reinterpret_cast<PyObject*>(code));  // borrowed
+    PyObject* library;
+    auto known = g_code_library.find(reinterpret_cast<PyObject*>(code));
+    if (known != g_code_library.end()) {
+      library = known->second ? Py_True : Py_False;
+    } else {
+      // Hashing a code object hashes its contents: looked up once per code, then by address.
+      library = PyDict_GetItem(g_defer->is_library.ptr(), reinterpret_cast<PyObject*>(code));  // borrowed
+      if (library != nullptr) {
+        Py_INCREF(code);  // held by the cache: its address is not reused
+        g_code_library.emplace(reinterpret_cast<PyObject*>(code), library == Py_True);
+      }
+    }
     if (library == nullptr) {
       Py_DECREF(code);
       py::object frame = py::reinterpret_steal<py::object>(reinterpret_cast<PyObject*>(f));
       return g_defer->user_code(frame);
     }
     if (library == Py_False) {
+      auto key = std::make_pair(reinterpret_cast<PyObject*>(code), PyFrame_GetLasti(f));
+      auto it = g_sites.find(key);
+      if (it != g_sites.end()) {
+        Py_DECREF(code);
+        Py_DECREF(f);
+        return py::reinterpret_borrow<py::object>(it->second);
+      }
       int line = PyFrame_GetLineNumber(f);
       Py_DECREF(f);
-      PyObject* where = Py_BuildValue("(Ni)", reinterpret_cast<PyObject*>(code), line);
-      if (where == nullptr) throw python_error();
-      return py::reinterpret_steal<py::object>(where);
+      PyObject* where = Py_BuildValue("(Oi)", reinterpret_cast<PyObject*>(code), line);
+      if (where == nullptr) {
+        Py_DECREF(code);
+        throw python_error();
+      }
+      PyObject_GC_UnTrack(where);  // a code object and an int: never part of a cycle
+      g_sites.emplace(key, where);  // keeps the code (reference from PyFrame_GetCode) and the tuple
+      return py::reinterpret_borrow<py::object>(where);
     }
     Py_DECREF(code);
     PyFrameObject* back = PyFrame_GetBack(f);
@@ -1269,12 +1367,12 @@ struct BoxedKernel final : c10::OperatorKernel {
     // (the key's precision level is read through Python, where another thread could run a flush).
     DeferLock lock;
     if (!lock.held) return fallback(kLocked);  // another thread records or flushes: wait for it in Python
-    if (!PyObject_IsTrue(attr(d.config, d.s_defer_and_fuse).ptr())) return fallback(kModeChanged);
+    if (!PyObject_IsTrue(config_value(d, d.s_defer_and_fuse))) return fallback(kModeChanged);
     py::dict buffers = py::reinterpret_borrow<py::dict>(k->buffers);
     drain_into(buffers);  // first: dropping the last lost storage's buffer clears any_lost (valuecheck.py)
-    if (PyObject_IsTrue(attr(d.valuecheck, d.s_any_lost).ptr())) return fallback(kLostValues);  // Python raises
+    if (g_any_lost.load(std::memory_order_relaxed)) return fallback(kLostValues);  // Python raises
     KeyBuilder& b = key_builder();
-    std::vector<py::object> slot_keys, slot_arrays;
+    SlotObjects slot_keys, slot_arrays;
     if (!build_key(args, buffers, slot_keys, slot_arrays)) return fallback(kArguments);
 
     uint64_t now = g_generation.load(std::memory_order_relaxed);
@@ -1294,15 +1392,22 @@ struct BoxedKernel final : c10::OperatorKernel {
     if (entry->prog.is_none()) return fallback(kPythonProgram);
     const DeferEntry& e = *entry;
 
-    py::object graph = attr(d.module, d.s_graph);
-    py::object nodes = attr(graph, d.s_nodes), descs = attr(graph, d.s_descs);
+    // defer._graph and its slots, read without attribute lookups.
+    PyObject* graph_ptr = PyDict_GetItemWithError(d.module_dict, d.s_graph.ptr());  // borrowed
+    if (graph_ptr == nullptr || Py_TYPE(graph_ptr) != d.graph_type) return fallback(kArguments);
+    py::object graph = py::reinterpret_borrow<py::object>(graph_ptr);
+    PyObject *nodes_ptr = get_slot(graph_ptr, d.graph_nodes), *descs_ptr = get_slot(graph_ptr, d.graph_descs);
+    if (nodes_ptr == nullptr || !PyList_CheckExact(nodes_ptr) || descs_ptr == nullptr || !PyByteArray_CheckExact(descs_ptr))
+      return fallback(kArguments);
+    py::object nodes = py::reinterpret_borrow<py::object>(nodes_ptr), descs = py::reinterpret_borrow<py::object>(descs_ptr);
     Py_ssize_t index = PyList_GET_SIZE(nodes.ptr());
-    int64_t max_ops = attr(d.config, d.s_max_ops).cast<int64_t>();
+    int64_t max_ops = PyLong_AsLongLong(config_value(d, d.s_max_ops));
+    if (max_ops == -1 && PyErr_Occurred()) throw python_error();
     if (index + 1 >= max_ops) return fallback(kSizeCap);  // Python flushes at the size cap
 
     // Inputs: pending refs, or concrete arrays (looked up only after every check passed).
     size_t n_in = e.input_slots.size();
-    std::vector<int64_t> refs(n_in);
+    c10::SmallVector<int64_t, 8> refs(n_in);
     for (size_t i = 0; i < n_in; ++i) {
       PyObject* value = slot_arrays[e.input_slots[i]].ptr();
       if (value == nullptr || Py_TYPE(value) == d.lost_type) return fallback(kUnreadyInput);
@@ -1311,14 +1416,16 @@ struct BoxedKernel final : c10::OperatorKernel {
     py::object where = user_where();
     // Fresh outputs first: an allocation failure (out of memory) leaves the graph as it was.
     const int device = b.device;
-    std::vector<at::Tensor> outs = allocate_outputs(e.outputs, device);
+    Outputs outs = allocate_outputs(e.outputs, device);
     py::object ext, ext_ids;
     for (size_t i = 0; i < n_in; ++i) {
       PyObject* value = slot_arrays[e.input_slots[i]].ptr();
       if (Py_TYPE(value) == d.pending_type) continue;
       if (!ext) {
-        ext = attr(graph, d.s_ext);
-        ext_ids = attr(graph, d.s_ext_ids);
+        ext = py::reinterpret_borrow<py::object>(get_slot(graph_ptr, d.graph_ext));
+        ext_ids = py::reinterpret_borrow<py::object>(get_slot(graph_ptr, d.graph_ext_ids));
+        if (!ext.ptr() || !PyList_CheckExact(ext.ptr()) || !ext_ids.ptr() || !PyDict_CheckExact(ext_ids.ptr()))
+          throw std::runtime_error("defer.Graph's ext/ext_ids are not a list and a dict");
       }
       py::object id = py::reinterpret_steal<py::object>(PyLong_FromVoidPtr(value));
       PyObject* j = PyDict_GetItem(ext_ids.ptr(), id.ptr());  // borrowed
@@ -1374,8 +1481,7 @@ struct BoxedKernel final : c10::OperatorKernel {
     put_slot(node, d.node_where, where.release().ptr());
     if (PyList_Append(nodes.ptr(), node) != 0) throw python_error();
     // The structural fingerprint's bytes (defer._desc): program id, number of inputs, their refs.
-    std::vector<int64_t> desc;
-    desc.reserve(n_in + 2);
+    c10::SmallVector<int64_t, 10> desc;
     desc.push_back(static_cast<int64_t>(reinterpret_cast<intptr_t>(e.prog.ptr())));
     desc.push_back(static_cast<int64_t>(n_in));
     desc.insert(desc.end(), refs.begin(), refs.end());
@@ -1423,7 +1529,7 @@ struct BoxedKernel final : c10::OperatorKernel {
   }
 
   static void push_returns(const std::vector<std::array<int64_t, 3>>& returns, const std::vector<c10::IValue>& args,
-                           const std::vector<at::Tensor>& outs, torch::jit::Stack* stack) {
+                           const Outputs& outs, torch::jit::Stack* stack) {
     for (const auto& r : returns) {
       if (r[0] == 0) {
         torch::jit::push(stack, args[r[1]]);
@@ -1467,7 +1573,7 @@ struct BoxedKernel final : c10::OperatorKernel {
     py::dict buffers = py::reinterpret_borrow<py::dict>(k->buffers);
     drain_into(buffers);
     KeyBuilder& b = key_builder();
-    std::vector<py::object> slot_keys, slot_arrays;
+    SlotObjects slot_keys, slot_arrays;
     if (!build_key(args, buffers, slot_keys, slot_arrays)) return false;
 
     uint64_t now = g_generation.load(std::memory_order_relaxed);
@@ -1489,8 +1595,8 @@ struct BoxedKernel final : c10::OperatorKernel {
 
   // The byte key of this call in key_builder(), with each slot's address key and current buffer
   // (unset for a slot never written); false when the call needs the Python path.
-  bool build_key(const std::vector<c10::IValue>& args, py::dict& buffers, std::vector<py::object>& slot_keys,
-                 std::vector<py::object>& slot_arrays) {
+  bool build_key(const std::vector<c10::IValue>& args, py::dict& buffers, SlotObjects& slot_keys,
+                 SlotObjects& slot_arrays) {
     KeyBuilder& b = key_builder();
     b.key.clear();
     b.addresses.clear();
@@ -1543,7 +1649,7 @@ struct BoxedKernel final : c10::OperatorKernel {
   }
 
   bool run(const FastEntry& e, const KeyBuilder& b, const std::vector<c10::IValue>& args, py::dict& buffers,
-           const std::vector<py::object>& slot_keys, const std::vector<py::object>& slot_arrays,
+           const SlotObjects& slot_keys, const SlotObjects& slot_arrays,
            torch::jit::Stack* stack) {
     const int device = b.device;
     py::list arrays(e.input_slots.size());
@@ -1586,7 +1692,7 @@ struct BoxedKernel final : c10::OperatorKernel {
       size_t slot = e.updated_slots[i];
       buffers[slot_keys[slot]] = py::make_tuple(updated[i], e.slot_dtypes[slot]);
     }
-    std::vector<at::Tensor> outs = allocate_outputs(e.outputs, device);
+    Outputs outs = allocate_outputs(e.outputs, device);
     size_t next = 0;
     for (size_t i = 0; i < outs.size(); ++i) {
       if (!outs[i].defined()) continue;
@@ -1600,8 +1706,8 @@ struct BoxedKernel final : c10::OperatorKernel {
 
 };
 
-std::vector<at::Tensor> allocate_outputs(const std::vector<OutputLayout>& layouts, int device) {
-  std::vector<at::Tensor> outs;
+Outputs allocate_outputs(const std::vector<OutputLayout>& layouts, int device) {
+  Outputs outs;
   outs.reserve(layouts.size());
   c10::DeviceGuard guard(Device(kTpu, static_cast<DeviceIndex>(device)));
   for (const OutputLayout& layout : layouts) {
@@ -1735,8 +1841,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("register_boxed", &register_boxed);
   m.def("invalidate_fast_entries", []() { g_generation += 1; });
   m.def("set_defer_hooks", &set_defer_hooks);
+  py::class_<RecorderLock>(m, "RecorderLock")
+      .def(py::init<>())
+      .def("acquire", &RecorderLock::acquire, py::arg("blocking") = true, py::arg("timeout") = -1.0)
+      .def("release", &RecorderLock::release)
+      .def("__enter__", [](RecorderLock& l) { return l.acquire(true, -1.0); })
+      .def("__exit__", [](RecorderLock& l, py::args) { l.release(); return false; });
   m.def("set_defer_path", [](bool enabled) { g_defer_enabled.store(enabled); });
   m.def("defer_path_enabled", []() { return g_defer_enabled.load(); });
+  m.def("set_any_lost", [](bool lost) { g_any_lost.store(lost); });
   m.def("native_record_count", []() { return g_native_recorded.load(); });
   m.def("reset_native_record_count", []() {
     g_native_recorded.store(0);

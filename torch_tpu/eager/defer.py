@@ -41,7 +41,6 @@ import contextlib
 import math
 import struct
 import sys
-import threading
 
 import jax
 import jax.numpy as jnp
@@ -58,7 +57,7 @@ from torch_tpu.eager.valuecheck import Lost
 from torch_tpu.runtime import dtypes, platform, storage, strided
 from torch_tpu.runtime.errors import translate_runtime_error
 
-lock = threading.RLock()
+lock = _native.RecorderLock()  # a reentrant lock the native recorder takes without Python
 _counts = metrics.counts
 _buffers = storage.buffers
 _fast_signature = _native.fast_signature

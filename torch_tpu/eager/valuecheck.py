@@ -26,7 +26,7 @@ import weakref
 import jax
 import numpy as np
 
-from torch_tpu import metrics, recompiles
+from torch_tpu import _native, metrics, recompiles
 from torch_tpu.config import config
 from torch_tpu.ops import checks
 from torch_tpu.runtime import storage
@@ -141,6 +141,7 @@ def _lose(results: list, message: str) -> None:
     with _lost_lock:  # set before the buffers hold it: overwriting an older marker runs its callback here
         _lost_markers.add(weakref.ref(lost, _marker_freed))
         any_lost = True
+        _native.set_any_lost(True)
     buffers = storage.buffers
     for address, (value, dtype) in list(buffers.items()):
         if arrays.get(id(value)) is value:
@@ -164,6 +165,7 @@ def _marker_freed(ref) -> None:
     with _lost_lock:
         _lost_markers.discard(ref)
         any_lost = bool(_lost_markers)
+        _native.set_any_lost(any_lost)
 
 
 def raise_if_lost(slot_entries) -> None:
