@@ -156,6 +156,24 @@ def test_recorder_lock_is_a_reentrant_lock():
     assert got == [True]
 
 
+@pytest.mark.one_mode
+def test_recorder_lock_in_a_fork_child():
+    """A fork child (a DataLoader worker) keeps what its forking thread held, as with RLock, and its
+    lock works there: held by the parent's thread it is reentrant in the child, free it is free."""
+    import os
+
+    held, free = _native.RecorderLock(), _native.RecorderLock()
+    held.acquire()
+    pid = os.fork()
+    if pid == 0:  # the child: only the lock machinery, no device work
+        ok = held.acquire(blocking=False) and free.acquire(blocking=False)
+        held.release(), held.release(), free.release()
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    held.release()
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
 def test_recording_is_native_again_once_the_lost_tensor_is_freed():
     """A failed value check marks its result lost, which sends ops to the Python recorder (it raises for
     lost inputs); freeing that tensor clears the flag by itself, and the next ops record natively."""

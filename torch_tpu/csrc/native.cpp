@@ -30,6 +30,8 @@
 
 #include <structmember.h>
 
+#include <pthread.h>
+
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -1127,11 +1129,27 @@ inline bool fallback(DeferFallback why) {
 // defer.lock: a reentrant lock the native recorder takes without calling Python (two Python
 // method calls per recorded op cost ~0.1 us). Python uses it like threading.RLock (acquire,
 // release, `with`); a blocking acquire waits with the GIL released, as RLock's does.
+struct RecorderLock;
+std::mutex g_recorder_locks_mutex;
+std::unordered_set<RecorderLock*> g_recorder_locks;
+void reinit_recorder_locks_in_child();
+
 struct RecorderLock {
   std::mutex m;
   std::condition_variable freed;
   unsigned long owner = 0;  // the holder's PyThread ident; count 0: free
   int64_t count = 0;
+
+  RecorderLock() {
+    static const bool registered = pthread_atfork(nullptr, nullptr, reinit_recorder_locks_in_child) == 0;
+    (void)registered;
+    std::lock_guard<std::mutex> g(g_recorder_locks_mutex);
+    g_recorder_locks.insert(this);
+  }
+  ~RecorderLock() {
+    std::lock_guard<std::mutex> g(g_recorder_locks_mutex);
+    g_recorder_locks.erase(this);
+  }
 
   bool try_acquire(unsigned long me) {
     std::lock_guard<std::mutex> g(m);
@@ -1258,6 +1276,17 @@ PyObject* config_value(const DeferHooks& d, const py::object& name) {
     throw python_error();
   }
   return v;
+}
+
+// A fork child (a DataLoader worker) has only the forking thread: a waiter of another thread may
+// have held `m` for an instant without the GIL, so the child gets fresh ones. The owner and count
+// stay: held by the forking thread, it is still held by the child's only thread (as RLock).
+void reinit_recorder_locks_in_child() {
+  new (&g_recorder_locks_mutex) std::mutex();
+  for (RecorderLock* lock : g_recorder_locks) {
+    new (&lock->m) std::mutex();
+    new (&lock->freed) std::condition_variable();
+  }
 }
 
 // Holds defer.lock for one native recording, if no other thread holds it.
