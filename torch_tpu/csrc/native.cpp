@@ -208,6 +208,13 @@ void count_stats(DeviceMemory& m, int64_t bytes, bool add) {
 }
 DeviceMemory g_memory[kMaxDevices];
 
+// A counter written only under g_freed_mutex: its new value.
+inline int64_t bump(std::atomic<int64_t>& counter, int64_t by) {
+  int64_t now = counter.load(std::memory_order_relaxed) + by;
+  counter.store(now, std::memory_order_relaxed);
+  return now;
+}
+
 std::mutex g_freed_mutex;
 std::vector<uint64_t> g_freed;  // addresses whose storages PyTorch released
 std::unordered_map<uint64_t, std::pair<int64_t, int>> g_live;  // address -> (bytes, device)
@@ -223,9 +230,11 @@ void release(void* ctx) {
       bytes = it->second.first;
       index = it->second.second;
       DeviceMemory& m = g_memory[index];
-      now = (m.allocated -= bytes);
-      m.num_frees += 1;
-      m.live_storages -= 1;
+      // Written only under g_freed_mutex: plain loads and stores (no locked instructions); readers
+      // elsewhere load them atomically.
+      now = bump(m.allocated, -bytes);
+      bump(m.num_frees, 1);
+      bump(m.live_storages, -1);
       count_stats(m, bytes, false);
       g_live.erase(it);
     }
@@ -266,12 +275,11 @@ struct TpuAllocator final : c10::DeviceAllocator {
       std::lock_guard<std::mutex> lock(g_freed_mutex);
       g_live.emplace(addr, std::make_pair(n, static_cast<int>(index)));
       count_stats(m, n, true);
+      now = bump(m.allocated, n);
+      if (now > m.peak.load(std::memory_order_relaxed)) m.peak.store(now, std::memory_order_relaxed);
+      bump(m.num_allocs, 1);
+      bump(m.live_storages, 1);
     }
-    now = (m.allocated += n);
-    int64_t peak = m.peak.load();
-    while (now > peak && !m.peak.compare_exchange_weak(peak, now)) {}
-    m.num_allocs += 1;
-    m.live_storages += 1;
     void* p = reinterpret_cast<void*>(addr);
     c10::reportMemoryUsageToProfiler(p, n, now, now, Device(kTpu, index));
     return {p, p, &release, Device(kTpu, index)};
@@ -947,6 +955,7 @@ void read_plan(const py::tuple& f, ProgramPlan& plan) {
 // Fresh tpu tensors in a plan's output layouts (undefined where an output is None).
 // Per-call vectors on the stack (no heap allocation on the hot paths for the usual few slots/outputs).
 using Outputs = c10::SmallVector<at::Tensor, 4>;
+using Args = c10::ArrayRef<c10::IValue>;
 using SlotObjects = c10::SmallVector<py::object, 6>;
 Outputs allocate_outputs(const std::vector<OutputLayout>& layouts, int device);
 
@@ -1382,7 +1391,10 @@ struct BoxedKernel final : c10::OperatorKernel {
   void operator()(const c10::OperatorHandle&, c10::DispatchKeySet, torch::jit::Stack* stack) {
     py::gil_scoped_acquire gil;
     size_t n = converts.size();
-    std::vector<c10::IValue> args = torch::jit::pop(*stack, n);
+    // The arguments, moved off the stack into a stack-allocated vector (no heap allocation).
+    c10::SmallVector<c10::IValue, 8> popped(std::make_move_iterator(stack->end() - n), std::make_move_iterator(stack->end()));
+    torch::jit::drop(*stack, n);
+    Args args(popped);
     if (k->use_fast && g_fast_enabled.load(std::memory_order_relaxed) && fast(args, stack)) return;
     if (k->use_fast && g_defer != nullptr && g_defer_enabled.load(std::memory_order_relaxed) && record(args, stack))
       return;
@@ -1390,7 +1402,7 @@ struct BoxedKernel final : c10::OperatorKernel {
   }
 
   // DeferAndFuse: append this call to the current graph; false (nothing done) when Python must.
-  bool record(const std::vector<c10::IValue>& args, torch::jit::Stack* stack) {
+  bool record(Args args, torch::jit::Stack* stack) {
     DeferHooks& d = *g_defer;
     // The lock first: the buffers read for the key must not change before the node is appended
     // (the key's precision level is read through Python, where another thread could run a flush).
@@ -1495,9 +1507,9 @@ struct BoxedKernel final : c10::OperatorKernel {
     py::tuple ref_tuple(n_in);
     for (size_t i = 0; i < n_in; ++i) ref_tuple[i] = py::int_(refs[i]);
     PyObject_GC_UnTrack(ref_tuple.ptr());
-    py::list scalars(b.scalars.size());
+    py::tuple scalars(b.scalars.size());  // the empty tuple is a singleton: nothing made for most ops
     for (size_t i = 0; i < b.scalars.size(); ++i) scalars[i] = b.scalars[i].to_python();
-    PyObject_GC_UnTrack(scalars.ptr());
+    if (!b.scalars.empty()) PyObject_GC_UnTrack(scalars.ptr());
     if (!where.is_none()) PyObject_GC_UnTrack(where.ptr());
     PyObject* node = d.node_type->tp_alloc(d.node_type, 0);
     if (node == nullptr) throw python_error();
@@ -1530,7 +1542,7 @@ struct BoxedKernel final : c10::OperatorKernel {
     return true;
   }
 
-  std::shared_ptr<DeferEntry> defer_entry(const std::vector<c10::IValue>& args, py::dict& buffers) {
+  std::shared_ptr<DeferEntry> defer_entry(Args args, py::dict& buffers) {
     PyObject* prog = program_of(args, buffers);  // borrowed
     if (prog == nullptr) return nullptr;  // a miss: Python builds the program
     auto entry = std::make_shared<DeferEntry>();
@@ -1546,7 +1558,7 @@ struct BoxedKernel final : c10::OperatorKernel {
 
   // The program the Python cache holds for this call, by the executor's own tuple key (borrowed),
   // or null: a miss, or arguments the tuple key cannot describe.
-  PyObject* program_of(const std::vector<c10::IValue>& args, py::dict& buffers) {
+  PyObject* program_of(Args args, py::dict& buffers) {
     Signature sig;
     if (!build_signature(k->op, k->kinds, python_args(args), buffers, k->static_scalars, sig)) return nullptr;
     py::object key = sig.key;
@@ -1557,7 +1569,7 @@ struct BoxedKernel final : c10::OperatorKernel {
     return PyDict_GetItem(k->programs.ptr(), key.ptr());
   }
 
-  static void push_returns(const std::vector<std::array<int64_t, 3>>& returns, const std::vector<c10::IValue>& args,
+  static void push_returns(const std::vector<std::array<int64_t, 3>>& returns, Args args,
                            const Outputs& outs, torch::jit::Stack* stack) {
     for (const auto& r : returns) {
       if (r[0] == 0) {
@@ -1573,7 +1585,7 @@ struct BoxedKernel final : c10::OperatorKernel {
   }
 
   // The Python path: arguments as Python objects, results back onto the stack.
-  void slow(const std::vector<c10::IValue>& args, torch::jit::Stack* stack) {
+  void slow(Args args, torch::jit::Stack* stack) {
     py::list full = python_args(args);
     py::object out;
     try {
@@ -1591,14 +1603,14 @@ struct BoxedKernel final : c10::OperatorKernel {
     }
   }
 
-  py::list python_args(const std::vector<c10::IValue>& args) {
+  py::list python_args(Args args) {
     py::list full(args.size());
     for (size_t i = 0; i < args.size(); ++i) full[i] = to_python(args[i], converts[i]);
     return full;
   }
 
   // A cache hit: run and push the results; false (nothing done) when the Python path must run.
-  bool fast(const std::vector<c10::IValue>& args, torch::jit::Stack* stack) {
+  bool fast(Args args, torch::jit::Stack* stack) {
     py::dict buffers = py::reinterpret_borrow<py::dict>(k->buffers);
     drain_into(buffers);
     KeyBuilder& b = key_builder();
@@ -1624,7 +1636,7 @@ struct BoxedKernel final : c10::OperatorKernel {
 
   // The byte key of this call in key_builder(), with each slot's address key and current buffer
   // (unset for a slot never written); false when the call needs the Python path.
-  bool build_key(const std::vector<c10::IValue>& args, py::dict& buffers, SlotObjects& slot_keys,
+  bool build_key(Args args, py::dict& buffers, SlotObjects& slot_keys,
                  SlotObjects& slot_arrays) {
     KeyBuilder& b = key_builder();
     b.key.clear();
@@ -1665,7 +1677,7 @@ struct BoxedKernel final : c10::OperatorKernel {
   }
 
   // The entry for this call from the Python program cache: the executor's own tuple key.
-  std::shared_ptr<FastEntry> from_programs(const std::vector<c10::IValue>& args, py::dict& buffers) {
+  std::shared_ptr<FastEntry> from_programs(Args args, py::dict& buffers) {
     PyObject* prog = program_of(args, buffers);  // borrowed
     if (prog == nullptr) return nullptr;
     py::object fast = py::reinterpret_borrow<py::object>(prog).attr("fast");
@@ -1677,7 +1689,7 @@ struct BoxedKernel final : c10::OperatorKernel {
     return entry;
   }
 
-  bool run(const FastEntry& e, const KeyBuilder& b, const std::vector<c10::IValue>& args, py::dict& buffers,
+  bool run(const FastEntry& e, const KeyBuilder& b, Args args, py::dict& buffers,
            const SlotObjects& slot_keys, const SlotObjects& slot_arrays,
            torch::jit::Stack* stack) {
     const int device = b.device;
