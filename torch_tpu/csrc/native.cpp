@@ -1139,8 +1139,9 @@ inline bool fallback(DeferFallback why) {
 // method calls per recorded op cost ~0.1 us). Python uses it like threading.RLock (acquire,
 // release, `with`); a blocking acquire waits with the GIL released, as RLock's does.
 struct RecorderLock;
-std::mutex g_recorder_locks_mutex;
-std::unordered_set<RecorderLock*> g_recorder_locks;
+// Every RecorderLock (for a fork child); never destroyed, so a lock freed at exit still finds them.
+std::mutex& g_recorder_locks_mutex = *new std::mutex();
+std::unordered_set<RecorderLock*>& g_recorder_locks = *new std::unordered_set<RecorderLock*>();
 void reinit_recorder_locks_in_child();
 
 struct RecorderLock {
@@ -1435,6 +1436,7 @@ struct BoxedKernel final : c10::OperatorKernel {
 
     // defer._graph and its slots, read without attribute lookups.
     PyObject* graph_ptr = PyDict_GetItemWithError(d.module_dict, d.s_graph.ptr());  // borrowed
+    if (graph_ptr == nullptr && PyErr_Occurred()) throw python_error();
     if (graph_ptr == nullptr || Py_TYPE(graph_ptr) != d.graph_type) return fallback(kArguments);
     py::object graph = py::reinterpret_borrow<py::object>(graph_ptr);
     PyObject *nodes_ptr = get_slot(graph_ptr, d.graph_nodes), *descs_ptr = get_slot(graph_ptr, d.graph_descs);
