@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+import torch_tpu
 from torch_tpu import cache, metrics
 
 # Each run is a fresh process: imports, starts the runtime, runs a small workload
@@ -439,3 +440,39 @@ def test_programs_with_host_callbacks_stay_in_the_process(private_cache):
     assert cache.stats()["process_bound"] == before + 1
     assert _files(private_cache, ".exe") == []
     np.testing.assert_allclose(np.asarray(executable(x)), np.arange(4) * 2 + 1)
+
+
+@pytest.mark.one_mode  # Strict's hit path (set below)
+def test_cache_hits_launch_directly_compiled_and_loaded(private_cache):
+    """A Strict cache hit launches its executable through PJRT (`_native.DirectLaunch`, JAX's own result
+    handlers) whether the program was compiled here or loaded from level 2, with the CPU results."""
+    def step(x, y):
+        return torch.addcmul(x * 0.5, y, y, value=2.0) - 1.25
+
+    xc, yc = torch.randn(29), torch.randn(29)
+    expected = step(step(xc, yc), yc)
+    with torch_tpu.execution_mode("strict"):
+        _check_direct_launches(xc, yc, expected, step)
+
+
+def _check_direct_launches(xc, yc, expected, step):
+    from torch_tpu import _native
+    from torch_tpu.eager import defer, executor
+
+    def run():
+        x, y = xc.to("tpu"), yc.to("tpu")
+        out = step(step(x, y), y)  # the second call of each op is a hit
+        launches = [p.fast[5] for p in executor.programs.values()
+                    if p.fast is not None and p.key[0] in ("aten.mul.Tensor", "aten.addcmul.default", "aten.sub.Tensor")]
+        return out.cpu(), launches
+
+    got, launches = run()
+    torch.testing.assert_close(got, expected)
+    assert len(launches) == 3 and all(isinstance(f, _native.DirectLaunch) for f in launches)
+    defer.forget()
+    cache.clear(host=False)
+    hits = cache.stats()["l2"]["hits"]
+    got, launches = run()
+    assert cache.stats()["l2"]["hits"] >= hits + 3  # loaded, not compiled
+    torch.testing.assert_close(got, expected)
+    assert len(launches) == 3 and all(isinstance(f, _native.DirectLaunch) for f in launches)

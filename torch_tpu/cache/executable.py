@@ -17,6 +17,7 @@ from __future__ import annotations
 import operator
 
 import jax
+from jax._src.lib import _jax
 
 
 def serialize(compiled) -> bytes:
@@ -71,13 +72,38 @@ def _flat_pair(tree):
     return counts
 
 
-def _pair_call(runtime, n_first: int, n_outputs: int):
-    """The executors' calling convention, without pytree work: (list, list) -> (list, list)."""
-    execute = runtime.execute_sharded
+def result_handlers(arrays) -> list:
+    """JAX's own result handlers for outputs like `arrays` (same avals, shardings, committedness).
+
+    NOTE(jax 0.10): `consume_with_handlers` with any other callable first makes every result a
+    single-device array with a fresh sharding object (~0.7 us each on a CPU host); these handlers
+    reuse the given sharding, as JAX's own dispatch does (`jax._src.lib._jax`, no public name).
+    """
+    return [_jax.array_result_handler(a.aval, a.sharding, a.committed, True) for a in arrays]
+
+
+def _adopting_handlers(execute, n_outputs: int):
+    """`execute(flat)` -> the flat result arrays: the first call's results give the later calls' handlers."""
     handlers = [operator.itemgetter(0)] * n_outputs  # each result's array on its one device
 
+    def run(flat):
+        nonlocal handlers
+        results = execute(flat)
+        if handlers is not None and isinstance(handlers[0], operator.itemgetter):
+            arrays = results.consume_with_handlers(handlers)
+            handlers = result_handlers(arrays)
+            return arrays
+        return results.consume_with_handlers(handlers)
+
+    return run
+
+
+def _pair_call(runtime, n_first: int, n_outputs: int):
+    """The executors' calling convention, without pytree work: (list, list) -> (list, list)."""
+    run = _adopting_handlers(runtime.execute_sharded, n_outputs) if n_outputs else None
+
     def call(arrays, scalars):
-        results = execute(arrays + scalars).consume_with_handlers(handlers)
+        results = run(arrays + scalars) if run else []
         return results[:n_first], results[n_first:]
 
     call.runtime_executable = lambda: runtime
@@ -91,14 +117,37 @@ def _flat_list(tree):
 
 def _list_call(runtime, n_outputs: int):
     """DeferAndFuse's calling convention, without pytree work: lists of arrays -> a list."""
-    execute = runtime.execute_sharded
-    handlers = [operator.itemgetter(0)] * n_outputs
+    run = _adopting_handlers(runtime.execute_sharded, n_outputs) if n_outputs else None
 
     def call(*lists):
-        return execute([a for arrays in lists for a in arrays]).consume_with_handlers(handlers)
+        return run([a for arrays in lists for a in arrays]) if run else []
 
     call.runtime_executable = lambda: runtime
     return call
+
+
+def direct_launch(executable, n_arguments: int, fresh: list, updated: list):
+    """`executable` (a `jax.stages.Compiled` or a callable from `deserialize`, taking the executors'
+    (arrays, scalars) pair) as a `_native.DirectLaunch`, or None where that cannot be done.
+
+    `fresh`/`updated`: the results of one launch, whose avals and shardings every later launch
+    has (the executors' byte key fixes every input's shape, dtype and device). The native
+    cache-hit path then calls PJRT's `execute_sharded` itself: JAX's C++ dispatch of a
+    `Compiled` (pytree flattening, argument checks) and the Python frame of a loaded
+    executable's call are skipped. None for an executable taking more parameters than its
+    arguments (hoisted constants, effect tokens): it stays behind JAX's dispatch.
+    """
+    from torch_tpu import _native
+
+    runtime_of = getattr(executable, "runtime_executable", None)
+    results = [*fresh, *updated]
+    if runtime_of is None or not results or not all(isinstance(r, jax.Array) for r in results):
+        return None
+    runtime = runtime_of()
+    if len(runtime.get_parameter_layouts()) != n_arguments:
+        return None
+    return _native.DirectLaunch(runtime.execute_sharded, _jax.ExecuteResults.consume_with_handlers,
+                                result_handlers(results), len(fresh))
 
 
 _lapack_ready = False

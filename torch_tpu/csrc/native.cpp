@@ -959,9 +959,44 @@ using Args = c10::ArrayRef<c10::IValue>;
 using SlotObjects = c10::SmallVector<py::object, 6>;
 Outputs allocate_outputs(const std::vector<OutputLayout>& layouts, int device);
 
+// A program's PJRT executable launched without JAX's dispatch: `execute_sharded` on one flat list
+// of arrays, the results made into arrays by JAX's own result handlers (one per output, made once
+// from the first launch's results: cache/executable.py, `direct_launch`). The same work JAX's
+// C++ dispatch does for a `Compiled`, less its pytree and argument checks (the byte key already
+// fixed every shape, dtype and device), and for executables loaded from the compile cache too.
+struct DirectLaunch {
+  py::object execute;   // the runtime executable's execute_sharded
+  py::object consume;   // its results' consume_with_handlers (unbound)
+  py::list handlers;    // per flat output
+  size_t n_fresh = 0;   // the first n_fresh outputs are the fresh ones, the rest the updated slots
+
+  DirectLaunch(py::object execute, py::object consume, py::list handlers, size_t n_fresh)
+      : execute(std::move(execute)), consume(std::move(consume)), handlers(std::move(handlers)), n_fresh(n_fresh) {}
+
+  py::list launch(const py::list& flat) const {
+    py::object results = execute(flat);
+    return consume(results, handlers);
+  }
+
+  // The executors' calling convention: (arrays, scalars) -> (fresh, updated).
+  py::tuple call(const py::list& arrays, const py::list& scalars) const {
+    py::list flat = arrays;
+    if (scalars.size() > 0) flat = py::reinterpret_steal<py::list>(PySequence_Concat(arrays.ptr(), scalars.ptr()));
+    if (!flat) throw python_error();
+    return split(launch(flat));
+  }
+
+  py::tuple split(const py::list& results) const {
+    Py_ssize_t n = PyList_GET_SIZE(results.ptr()), k = static_cast<Py_ssize_t>(n_fresh);
+    return py::make_tuple(py::reinterpret_steal<py::object>(PyList_GetSlice(results.ptr(), 0, k)),
+                          py::reinterpret_steal<py::object>(PyList_GetSlice(results.ptr(), k, n)));
+  }
+};
+
 // What a cache hit needs, converted once from `OpProgram.fast` (see executor.py).
 struct FastEntry : ProgramPlan {
   py::object executable;
+  const DirectLaunch* direct = nullptr;  // set when `executable` is a DirectLaunch (held by it)
 };
 
 // The byte key of one call, built from the dispatcher's stack.
@@ -1688,6 +1723,7 @@ struct BoxedKernel final : c10::OperatorKernel {
     auto entry = std::make_shared<FastEntry>();
     read_plan(f, *entry);
     entry->executable = f[5];
+    if (py::isinstance<DirectLaunch>(entry->executable)) entry->direct = entry->executable.cast<const DirectLaunch*>();
     return entry;
   }
 
@@ -1695,14 +1731,18 @@ struct BoxedKernel final : c10::OperatorKernel {
            const SlotObjects& slot_keys, const SlotObjects& slot_arrays,
            torch::jit::Stack* stack) {
     const int device = b.device;
-    py::list arrays(e.input_slots.size());
-    for (size_t i = 0; i < e.input_slots.size(); ++i) {
+    // One flat list (arrays, then scalars) for a direct launch; two lists for any other callable.
+    const size_t n_in = e.input_slots.size(), n_scalars = b.scalars.size();
+    py::list arrays(e.direct ? n_in + n_scalars : n_in);
+    for (size_t i = 0; i < n_in; ++i) {
       const py::object& array = slot_arrays[e.input_slots[i]];
       if (!array) return false;  // a slot never written: the Python path reads it as zeros
       arrays[i] = array;
     }
-    py::list scalars(b.scalars.size());
-    for (size_t i = 0; i < b.scalars.size(); ++i) {
+    py::list scalars(e.direct ? 0 : n_scalars);
+    py::list& scalar_list = e.direct ? arrays : scalars;
+    const size_t scalar_base = e.direct ? n_in : 0;
+    for (size_t i = 0; i < n_scalars; ++i) {
       const RuntimeScalar& s = b.scalars[i];
       int64_t bits = s.i;
       if (s.type == 0) std::memcpy(&bits, &s.d, sizeof(bits));
@@ -1716,11 +1756,11 @@ struct BoxedKernel final : c10::OperatorKernel {
         if (g_scalar_arrays.size() >= kScalarArraysLimit) g_scalar_arrays.clear();
         found = g_scalar_arrays.emplace(sk, py::reinterpret_borrow<py::object>(array)).first;
       }
-      scalars[i] = found->second;
+      scalar_list[scalar_base + i] = found->second;
     }
     py::tuple result;
     try {
-      result = e.executable(arrays, scalars).cast<py::tuple>();
+      result = e.direct ? e.direct->split(e.direct->launch(arrays)) : e.executable(arrays, scalars).cast<py::tuple>();
     } catch (py::error_already_set& err) {
       if (!err.matches(k->runtime_error)) {
         err.restore();
@@ -1884,6 +1924,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("register_boxed", &register_boxed);
   m.def("invalidate_fast_entries", []() { g_generation += 1; });
   m.def("set_defer_hooks", &set_defer_hooks);
+  py::class_<DirectLaunch>(m, "DirectLaunch")
+      .def(py::init<py::object, py::object, py::list, size_t>(), py::arg("execute"), py::arg("consume"),
+           py::arg("handlers"), py::arg("n_fresh"))
+      .def("__call__", &DirectLaunch::call, py::arg("arrays"), py::arg("scalars"))
+      .def_readonly("n_fresh", &DirectLaunch::n_fresh);
   py::class_<RecorderLock>(m, "RecorderLock")
       .def(py::init<>())
       .def("acquire", &RecorderLock::acquire, py::arg("blocking") = true, py::arg("timeout") = -1.0)

@@ -267,7 +267,7 @@ def _execute_slow(spec: OpSpec, lowering: Lowering, via_functional: bool, full: 
         else:
             fresh, updated = executable(arrays, scalars)
         if first:
-            prog.adopt_direct_call()
+            prog.adopt_direct_call(len(arrays) + len(scalars), fresh, updated)
         if config.launch_blocking:
             jax.block_until_ready((fresh, updated))
             _counts.synchronous_waits += 1

@@ -30,6 +30,7 @@ import torch
 from torch._prims_common import elementwise_dtypes
 
 from torch_tpu import cache, compile_notice, precision
+from torch_tpu.cache import executable as cache_executable
 from torch_tpu.config import config
 from torch_tpu.eager import cpu_errors
 from torch_tpu.eager.keys import (  # the tags also as program_mod.* (executor.py, defer.py, compile/plan.py)
@@ -116,15 +117,14 @@ class OpProgram:
         return tuple(plan)
 
 
-    def adopt_direct_call(self) -> None:
-        """After the first launch: give the native path the C++ callable behind a `jax.stages.Compiled`.
-
-        NOTE(jax 0.10): `Compiled.__call__` creates it on the first call (`_call`) and then only
-        forwards to it; calling it directly saves a Python frame per cache hit. Executables of
-        other types (loaded from the compile cache) are kept as they are.
-        """
-        direct = getattr(self.executable, "_call", None)
-        if self.fast is not None and direct is not None and self.fast[5] is self.executable:
+    def adopt_direct_call(self, n_arguments: int, fresh: list, updated: list) -> None:
+        """After the first launch: hand the native path a `_native.DirectLaunch` of the executable
+        (cache/executable.py, `direct_launch`), built from that launch's results; executables it
+        cannot launch directly are kept as they are."""
+        if self.fast is None or self.fast[5] is not self.executable:
+            return
+        direct = cache_executable.direct_launch(self.executable, n_arguments, fresh, updated)
+        if direct is not None:
             self.fast = (*self.fast[:5], direct)
 
 
