@@ -144,7 +144,11 @@ def direct_launch(executable, n_arguments: int, fresh: list, updated: list):
     if runtime_of is None or not results or not all(isinstance(r, jax.Array) for r in results):
         return None
     runtime = runtime_of()
-    if len(runtime.get_parameter_layouts()) != n_arguments:
+    try:
+        n_parameters = len(runtime.get_parameter_layouts())
+    except jax.errors.JaxRuntimeError:  # token parameters (ordered effects) have no layout
+        return None
+    if n_parameters != n_arguments:
         return None
     return _native.DirectLaunch(runtime.execute_sharded, _jax.ExecuteResults.consume_with_handlers,
                                 result_handlers(results), len(fresh))
