@@ -372,6 +372,7 @@ def test_cli_info_and_clear(private_cache, capsys):
 @pytest.mark.one_mode
 def test_keys_name_the_program_and_its_device():
     """Equal inputs give equal keys; another program, device or signature gives another key."""
+    torch.zeros(1, device="tpu")  # the runtime sets up the CPU devices before JAX is asked for them
     d0, d1 = jax.devices("cpu")[:2]
     text = "module @m { func.func public @main() { return } }"
     assert cache.executable_key(text, d0) == cache.executable_key(text, d0)

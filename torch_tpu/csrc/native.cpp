@@ -1758,9 +1758,14 @@ struct BoxedKernel final : c10::OperatorKernel {
       }
       scalar_list[scalar_base + i] = found->second;
     }
+    // A direct launch's results are one flat list (fresh, then updated): read in place, not split.
+    py::list flat;
     py::tuple result;
     try {
-      result = e.direct ? e.direct->split(e.direct->launch(arrays)) : e.executable(arrays, scalars).cast<py::tuple>();
+      if (e.direct)
+        flat = e.direct->launch(arrays);
+      else
+        result = e.executable(arrays, scalars).cast<py::tuple>();
     } catch (py::error_already_set& err) {
       if (!err.matches(k->runtime_error)) {
         err.restore();
@@ -1770,17 +1775,28 @@ struct BoxedKernel final : c10::OperatorKernel {
       PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(translated.ptr())), translated.ptr());
       throw python_error();
     }
-    py::sequence fresh = result[0], updated = result[1];
+    py::sequence fresh, updated;
+    if (!e.direct) fresh = result[0], updated = result[1];
+    const size_t n_fresh = e.direct ? e.direct->n_fresh : 0;
+    auto fresh_at = [&](size_t i) -> py::object {
+      return e.direct ? py::reinterpret_borrow<py::object>(PyList_GET_ITEM(flat.ptr(), i)) : py::object(fresh[i]);
+    };
+    auto updated_at = [&](size_t i) -> py::object {
+      return e.direct ? py::reinterpret_borrow<py::object>(PyList_GET_ITEM(flat.ptr(), n_fresh + i))
+                      : py::object(updated[i]);
+    };
+    if (e.direct && static_cast<size_t>(PyList_GET_SIZE(flat.ptr())) != n_fresh + e.updated_slots.size())
+      throw std::runtime_error("DirectLaunch: the executable returned a different number of results");
     for (size_t i = 0; i < e.updated_slots.size(); ++i) {
       size_t slot = e.updated_slots[i];
-      buffers[slot_keys[slot]] = py::make_tuple(updated[i], e.slot_dtypes[slot]);
+      buffers[slot_keys[slot]] = py::make_tuple(updated_at(i), e.slot_dtypes[slot]);
     }
     Outputs outs = allocate_outputs(e.outputs, device);
     size_t next = 0;
     for (size_t i = 0; i < outs.size(); ++i) {
       if (!outs[i].defined()) continue;
       buffers[py::int_(reinterpret_cast<uint64_t>(outs[i].storage().data()))] =
-          py::make_tuple(fresh[next++], e.outputs[i].dtype);
+          py::make_tuple(fresh_at(next++), e.outputs[i].dtype);
     }
     g_fast_ops += 1;
     push_returns(e.returns, args, outs, stack);
