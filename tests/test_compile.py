@@ -441,3 +441,35 @@ def test_graph_call_leaves_value_check_flags_pending():
     assert valuecheck.pending() == 0
     with pytest.raises(IndexError, match="index out of range in self"):
         shift(lookup(torch.tensor([[1, 12, 3], [0, 0, 0]], device=TPU))).cpu()
+
+
+def test_native_graph_key_matches_the_python_key():
+    """`_native.graph_key` (the per-call key of a compiled graph) gives the Python key's entries, slots and
+    buffers for tpu tensors, parameters, shared storages, views, CPU tensors and numbers, and defers to
+    Python (None) for anything else."""
+    from torch_tpu import _native
+    from torch_tpu.compile.graph import GraphFunction, _TENSOR, _buffers
+
+    w = torch.nn.Parameter(torch.randn(4, 3).to(TPU))
+    x = torch.randn(6, 4, device=TPU)
+    never_written = torch.empty(5, device=TPU)
+    cases = [
+        [w, x, x[1:].t(), x.view(4, 6), torch.randn(3).to(torch.bfloat16).to(TPU), never_written,
+         torch.ones(2, 2), 3, 2.5, True, None, torch.tensor(7, dtype=torch.int64)],
+        [],
+        [1, None],  # no tpu tensor: device -1
+    ]
+    for args in cases:
+        native = _native.graph_key(list(args), _buffers, _TENSOR)
+        assert native is not None
+        assert native == GraphFunction._python_key(list(args))
+        entries, addresses, arrays, device = native
+        assert len(entries) == len(args)
+    entries = _native.graph_key([w, x, x.t()], _buffers, _TENSOR)[0]
+    assert [e[5] for e in entries] == [0, 1, 1]  # one slot per storage
+    # Other tensor types and values: the Python key decides.
+    class Marked(torch.Tensor):
+        pass
+
+    for args in ([x, "text"], [x, torch.randn(2, device="meta")], [x.as_subclass(Marked)], (x,)):
+        assert _native.graph_key(args, _buffers, _TENSOR) is None

@@ -77,6 +77,7 @@ def _flattener(arrays: list, device: int):
 
 # ------------------------------------------------------------------ the runtime
 _signature_of = _native.tensor_signature
+_graph_key = _native.graph_key
 _buffers = storage.buffers
 
 
@@ -173,6 +174,20 @@ class GraphFunction:
 
     def _key(self, args):
         """(signature, slot addresses, slot buffers, device) of a call; key None: not for one program."""
+        found = _graph_key(args, _buffers, _TENSOR)  # the common case, natively
+        if found is None:
+            found = self._python_key(args)
+            if found is None:
+                return None, None, None, None
+        entries, addresses, arrays, device = found
+        if device < 0:
+            device = _native.current_device()
+        # Inputs held elsewhere too (another storage's buffer, a pending copy) are not donated.
+        return (entries, device, precision.matmul_precision()), addresses, arrays, device
+
+    @staticmethod
+    def _python_key(args):
+        """`_native.graph_key` for any argument list: (entries, addresses, arrays, device); None: not for one program."""
         entries, addresses, arrays = [], [], []
         slot_of: dict[int, int] = {}
         device = -1
@@ -182,12 +197,12 @@ class GraphFunction:
                 kind = a.device.type
                 if kind != "tpu":
                     if kind != "cpu":
-                        return None, None, None, None
+                        return None
                     entries.append(("H", a.dtype, tuple(a.shape), tuple(a.stride())))
                     continue
                 dtype, sizes, strides, offset, nbytes, index, address = _signature_of(a)
                 if index != device and device != -1:
-                    return None, None, None, None
+                    return None
                 device = index
                 entry = get_buffer(address)
                 slot = slot_of.get(address)
@@ -200,13 +215,8 @@ class GraphFunction:
             elif a is None or isinstance(a, (int, float, bool)):
                 entries.append(("P", a))
             else:
-                return None, None, None, None
-        if device < 0:
-            device = _native.current_device()
-        level = precision.matmul_precision()
-        # Inputs held elsewhere too (another storage's buffer, a pending copy) are not donated.
-        key = (tuple(entries), device, level)
-        return key, addresses, arrays, device
+                return None
+        return tuple(entries), addresses, arrays, device
 
     def _compile(self, key, arrays):
         try:

@@ -707,6 +707,61 @@ py::tuple scalar_cache_key(const py::object& value, const py::int_& device) {
   return py::make_tuple(py::handle(type), value, device);
 }
 
+// ---------------------------------------------------------------- torch.compile graph keys
+// GraphFunction._key's common case in one call (compile/graph.py): the arguments of a compiled
+// graph are plain tpu tensors (parameters too), CPU tensors and Python numbers. Returns
+// (entries, slot addresses, slot buffers, device) with the entries Python builds, or None when an
+// argument needs the Python key (another tensor type or device, mixed tpu devices, anything else).
+PyTypeObject* g_parameter_type = nullptr;  // torch.nn.Parameter, set on the first call
+
+py::object graph_key(py::handle args, py::dict buffers, py::handle tensor_tag) {
+  if (!PyList_CheckExact(args.ptr())) return py::none();
+  if (g_parameter_type == nullptr)
+    g_parameter_type = reinterpret_cast<PyTypeObject*>(py::object(py::module::import("torch.nn").attr("Parameter")).release().ptr());
+  const Py_ssize_t n = PyList_GET_SIZE(args.ptr());
+  py::tuple entries(n);
+  py::list addresses, arrays;
+  std::unordered_map<uint64_t, int64_t> slot_of;
+  int device = -1;
+  static PyObject* const host_tag = PyUnicode_InternFromString("H");
+  static PyObject* const number_tag = PyUnicode_InternFromString("P");
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* a = PyList_GET_ITEM(args.ptr(), i);
+    if (a == Py_None || PyLong_Check(a) || PyFloat_Check(a)) {  // bool is an int
+      entries[i] = py::make_tuple(py::handle(number_tag), py::handle(a));
+      continue;
+    }
+    PyTypeObject* type = Py_TYPE(a);
+    if (type != reinterpret_cast<PyTypeObject*>(THPVariableClass) && type != g_parameter_type) return py::none();
+    const at::Tensor& t = THPVariable_Unpack(a);
+    py::handle dtype(reinterpret_cast<PyObject*>(torch::getTHPDtype(t.scalar_type())));
+    const c10::DeviceType kind = t.device().type();
+    if (kind == c10::DeviceType::CPU) {
+      entries[i] = py::make_tuple(py::handle(host_tag), dtype, int_tuple(t.sizes()), int_tuple(t.strides()));
+      continue;
+    }
+    if (kind != kTpu) return py::none();
+    const int index = t.device().index();
+    if (device != -1 && index != device) return py::none();
+    device = index;
+    const c10::Storage& st = t.storage();
+    const uint64_t address = reinterpret_cast<uint64_t>(st.data());
+    py::int_ key(address);
+    PyObject* entry = PyDict_GetItemWithError(buffers.ptr(), key.ptr());  // borrowed: (array, dtype)
+    if (entry == nullptr && PyErr_Occurred()) throw python_error();
+    if (entry != nullptr && (!PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) != 2)) return py::none();
+    auto [it, fresh] = slot_of.emplace(address, static_cast<int64_t>(slot_of.size()));
+    if (fresh) {
+      addresses.append(key);
+      arrays.append(entry == nullptr ? py::none() : py::handle(PyTuple_GET_ITEM(entry, 0)));
+    }
+    py::handle slot_dtype = entry == nullptr ? dtype : py::handle(PyTuple_GET_ITEM(entry, 1));
+    entries[i] = py::make_tuple(tensor_tag, dtype, int_tuple(t.sizes()), int_tuple(t.strides()), t.storage_offset(),
+                                it->second, slot_dtype, st.nbytes(), py::bool_(entry != nullptr));
+  }
+  return py::make_tuple(std::move(entries), std::move(addresses), std::move(arrays), device);
+}
+
 // ---------------------------------------------------------------- cache-hit fast path
 // Counters the Python metrics add to their own (the fast path never touches Python objects for them).
 std::atomic<int64_t> g_fast_ops{0};
@@ -992,6 +1047,13 @@ struct DirectLaunch {
                           py::reinterpret_steal<py::object>(PyList_GetSlice(results.ptr(), k, n)));
   }
 };
+
+// `obj` as a list or tuple whose items are read in place (PySequence_Fast).
+py::object fast_sequence(const py::handle& obj) {
+  PyObject* seq = PySequence_Fast(obj.ptr(), "expected a sequence of results");
+  if (seq == nullptr) throw python_error();
+  return py::reinterpret_steal<py::object>(seq);
+}
 
 // What a cache hit needs, converted once from `OpProgram.fast` (see executor.py).
 struct FastEntry : ProgramPlan {
@@ -1758,9 +1820,8 @@ struct BoxedKernel final : c10::OperatorKernel {
       }
       scalar_list[scalar_base + i] = found->second;
     }
-    // A direct launch's results are one flat list (fresh, then updated): read in place, not split.
-    py::list flat;
-    py::tuple result;
+    py::list flat;  // a direct launch's results
+    py::tuple result;  // any other callable's (fresh, updated)
     try {
       if (e.direct)
         flat = e.direct->launch(arrays);
@@ -1775,28 +1836,27 @@ struct BoxedKernel final : c10::OperatorKernel {
       PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(translated.ptr())), translated.ptr());
       throw python_error();
     }
-    py::sequence fresh, updated;
-    if (!e.direct) fresh = result[0], updated = result[1];
-    const size_t n_fresh = e.direct ? e.direct->n_fresh : 0;
-    auto fresh_at = [&](size_t i) -> py::object {
-      return e.direct ? py::reinterpret_borrow<py::object>(PyList_GET_ITEM(flat.ptr(), i)) : py::object(fresh[i]);
-    };
-    auto updated_at = [&](size_t i) -> py::object {
-      return e.direct ? py::reinterpret_borrow<py::object>(PyList_GET_ITEM(flat.ptr(), n_fresh + i))
-                      : py::object(updated[i]);
-    };
-    if (e.direct && static_cast<size_t>(PyList_GET_SIZE(flat.ptr())) != n_fresh + e.updated_slots.size())
-      throw std::runtime_error("DirectLaunch: the executable returned a different number of results");
+    // The results as borrowed items: a direct launch's one flat list (fresh, then updated), read
+    // in place; any other callable's two sequences.
+    py::object fresh_seq = e.direct ? py::object(flat) : fast_sequence(result[0]);
+    py::object updated_seq = e.direct ? py::object(flat) : fast_sequence(result[1]);
+    const Py_ssize_t skip = e.direct ? static_cast<Py_ssize_t>(e.direct->n_fresh) : 0;
+    const Py_ssize_t n_fresh = e.direct ? skip : PySequence_Fast_GET_SIZE(fresh_seq.ptr());
+    if (PySequence_Fast_GET_SIZE(updated_seq.ptr()) - skip != static_cast<Py_ssize_t>(e.updated_slots.size()) ||
+        n_fresh != static_cast<Py_ssize_t>(e.n_fresh))
+      throw std::runtime_error("a cached program returned a different number of results than it was planned with");
+    PyObject** fresh = PySequence_Fast_ITEMS(fresh_seq.ptr());
+    PyObject** updated = PySequence_Fast_ITEMS(updated_seq.ptr()) + skip;
     for (size_t i = 0; i < e.updated_slots.size(); ++i) {
       size_t slot = e.updated_slots[i];
-      buffers[slot_keys[slot]] = py::make_tuple(updated_at(i), e.slot_dtypes[slot]);
+      buffers[slot_keys[slot]] = py::make_tuple(py::handle(updated[i]), e.slot_dtypes[slot]);
     }
     Outputs outs = allocate_outputs(e.outputs, device);
     size_t next = 0;
     for (size_t i = 0; i < outs.size(); ++i) {
       if (!outs[i].defined()) continue;
       buffers[py::int_(reinterpret_cast<uint64_t>(outs[i].storage().data()))] =
-          py::make_tuple(fresh_at(next++), e.outputs[i].dtype);
+          py::make_tuple(py::handle(fresh[next++]), e.outputs[i].dtype);
     }
     g_fast_ops += 1;
     push_returns(e.returns, args, outs, stack);
@@ -1912,6 +1972,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return out;
   });
   m.def("tensor_signature", &tensor_signature);
+  m.def("graph_key", &graph_key);
   m.def("new_tensor", &new_tensor);
   m.def("fast_signature", &fast_signature);
   m.def("new_outputs", &new_outputs);
