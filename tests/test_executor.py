@@ -189,3 +189,62 @@ def test_forgetting_programs_forgets_the_boxed_kernels_entries():
         misses = metrics.counts.cache_misses
         torch.testing.assert_close((x * 3.0).cpu(), x.cpu() * 3.0)
         assert metrics.counts.cache_misses == misses + 1
+
+
+def test_prepared_ops_hit_in_their_boxed_kernels():
+    """Advanced indexing, repeat_interleave.Tensor and det/slogdet keep their boxed C++ kernels: a
+    repeated call is a native cache hit that never enters the Python path, and calls that need a
+    preparation (boolean masks, CPU index tensors, no output_size) still give CPU's results."""
+    import torch_tpu
+    from torch_tpu import _native
+    from torch_tpu.eager import kernels
+
+    aten = torch.ops.aten
+    a = torch.randn(5, 4)
+    m = torch.randn(3, 4, 4)
+    index, mask, repeats = torch.tensor([4, 0, 2]), a[:, 0] > 0, torch.tensor([2, 0, 3, 1])
+
+    def put(t, idx, value):
+        t[idx] = value
+        return t
+
+    # (op, call on (tensor, index-like), whether its second call is a native hit)
+    cases = [
+        (aten.index.Tensor, lambda t, d: t[index.to(d)], True),
+        (aten.index.Tensor, lambda t, d: t[index.to(d), 1:], True),
+        (aten.index.Tensor, lambda t, d: t[mask.to(d)], False),  # nonzero: a size read first
+        (aten.index.Tensor, lambda t, d: t[index], False),  # a CPU index tensor for a device tensor
+        (aten.index_put_.default, lambda t, d: put(t, index.to(d), 7.0), True),
+        (aten.index_put_.default, lambda t, d: put(t, mask.to(d), -1.0), True),  # a mask, one value: no size read
+        (aten.index_put_.default, lambda t, d: put(t, mask.to(d), t[mask.to(d)] * 2), False),
+        (aten.repeat_interleave.Tensor, lambda t, d: torch.repeat_interleave(repeats.to(d), output_size=6), True),
+        (aten.repeat_interleave.Tensor, lambda t, d: torch.repeat_interleave(repeats.to(d)), False),
+        (aten._linalg_det.default, lambda t, d: torch.linalg.det(m.to(d)), True),  # contiguous: LU of A^T
+        (aten._linalg_det.default, lambda t, d: torch.linalg.det(m.to(d).mT), True),  # not: LU of A
+        (aten._linalg_slogdet.default, lambda t, d: torch.linalg.slogdet(m.to(d)), True),
+        (aten._linalg_det.default, lambda t, d: aten._linalg_det(m.to(d)), True),  # det, LU, pivots
+    ]
+    kernels.register_all()
+    with torch_tpu.execution_mode("strict"):
+        for op, case, native in cases:
+            kernel = kernels._kernels[op]
+            assert isinstance(kernel, _native.OpKernel), op  # registered boxed, not behind a Python wrapper
+            python_calls = []
+            slow = kernel.slow
+
+            def counted(*args, **kwargs):
+                python_calls.append(1)
+                return slow(*args, **kwargs)
+
+            kernel.slow = counted
+            try:
+                for _ in range(2):
+                    python_calls.clear()
+                    t = a.to("tpu")
+                    got = case(t, "tpu")
+                    expected_input = a.clone()
+                    assert_close_tree(got, case(expected_input, "cpu"), atol=1e-4, rtol=1e-4)
+                    torch.testing.assert_close(t.cpu(), expected_input)
+            finally:
+                kernel.slow = slow
+            assert (not python_calls) == native, (op, python_calls)

@@ -766,69 +766,9 @@ py::object graph_key(py::handle args, py::dict buffers, py::handle tensor_tag) {
 // Counters the Python metrics add to their own (the fast path never touches Python objects for them).
 std::atomic<int64_t> g_fast_ops{0};
 
-// The whole executor for a call whose program is cached and ready: signature,
-// lookup, device scalars, launch, buffer updates, output tensors, return
-// value. Returns `miss` (untouched state) when the Python path must run.
-// `prog.fast` is (input_slots, updated_slots, slot_dtypes, outputs, returns, executable), see executor.py.
+// Defined with the boxed kernels' launch routine, which it shares.
 py::object run_cached(py::handle op, py::tuple kinds, py::list full, py::dict buffers, bool static_scalars,
-                      py::dict programs, py::dict scalar_cache, py::tuple extra, py::handle miss) {
-  drain_into(buffers);
-  Signature sig;
-  if (!build_signature(op, kinds, full, buffers, static_scalars, sig)) return py::reinterpret_borrow<py::object>(miss);
-  py::object key = sig.key;
-  if (extra.size() > 0) key = py::reinterpret_steal<py::object>(PySequence_Concat(sig.key.ptr(), extra.ptr()));
-  PyObject* prog = PyDict_GetItem(programs.ptr(), key.ptr());  // borrowed
-  if (prog == nullptr) return py::reinterpret_borrow<py::object>(miss);
-  py::object fast = py::reinterpret_borrow<py::object>(prog).attr("fast");
-  if (fast.is_none()) return py::reinterpret_borrow<py::object>(miss);
-  py::tuple f = fast.cast<py::tuple>();
-  py::tuple input_slots = f[0], updated_slots = f[1], slot_dtypes = f[2];
-  py::object outputs = f[3];
-  py::tuple returns = f[4];
-  py::object executable = f[5];
-
-  py::list arrays(input_slots.size());
-  for (size_t i = 0; i < input_slots.size(); ++i) {
-    py::object entry = sig.entries[input_slots[i].cast<size_t>()];
-    if (entry.is_none()) return py::reinterpret_borrow<py::object>(miss);
-    arrays[i] = entry.cast<py::tuple>()[0];
-  }
-  py::list scalars(sig.scalars.size());
-  py::int_ device(sig.device);
-  for (size_t i = 0; i < sig.scalars.size(); ++i) {
-    py::object value = sig.scalars[i];
-    py::tuple cache_key = scalar_cache_key(value, device);
-    PyObject* array = PyDict_GetItem(scalar_cache.ptr(), cache_key.ptr());
-    if (array == nullptr) return py::reinterpret_borrow<py::object>(miss);
-    scalars[i] = py::reinterpret_borrow<py::object>(array);
-  }
-  py::tuple result = executable(arrays, scalars).cast<py::tuple>();  // raises on runtime errors
-  py::sequence fresh = result[0], updated = result[1];
-  for (size_t i = 0; i < updated_slots.size(); ++i) {
-    size_t slot = updated_slots[i].cast<size_t>();
-    buffers[sig.addresses[slot]] = py::make_tuple(updated[i], slot_dtypes[slot]);
-  }
-  py::list outs = new_outputs(outputs, fresh, sig.device, buffers);
-  g_fast_ops += 1;
-  // returns: ((kind, a, b), ...): kind 0 -> argument a; 1 -> output a; 2 -> outputs [a, a + b).
-  size_t n_returns = returns.size();
-  auto one = [&](size_t r) -> py::object {
-    py::tuple item = returns[r];
-    int kind = item[0].cast<int>();
-    size_t a = item[1].cast<size_t>();
-    if (kind == 0) return full[a];
-    if (kind == 1) return outs[a];
-    size_t b = item[2].cast<size_t>();
-    py::list sub(b);
-    for (size_t j = 0; j < b; ++j) sub[j] = outs[a + j];
-    return std::move(sub);
-  };
-  if (n_returns == 0) return py::none();
-  if (n_returns == 1) return one(0);
-  py::tuple out(n_returns);
-  for (size_t r = 0; r < n_returns; ++r) out[r] = one(r);
-  return std::move(out);
-}
+                      py::dict programs, py::dict scalar_cache, py::tuple extra, py::handle miss);
 
 // A registered tpu kernel for one lowered op. Cache hits run entirely here
 // (normalize arguments, then run_cached); everything else calls `slow`, the
@@ -1055,11 +995,155 @@ py::object fast_sequence(const py::handle& obj) {
   return py::reinterpret_steal<py::object>(seq);
 }
 
-// What a cache hit needs, converted once from `OpProgram.fast` (see executor.py).
+// What a cache hit needs, converted once from `OpProgram.fast` (see program.py).
 struct FastEntry : ProgramPlan {
   py::object executable;
   const DirectLaunch* direct = nullptr;  // set when `executable` is a DirectLaunch (held by it)
+  py::object checked_op;  // a value-checked op's name (its flag follows the updated slots), else None
 };
+
+std::shared_ptr<FastEntry> fast_entry(const py::tuple& fast) {
+  auto entry = std::make_shared<FastEntry>();
+  read_plan(fast, *entry);
+  entry->executable = fast[5];
+  if (py::isinstance<DirectLaunch>(entry->executable)) entry->direct = entry->executable.cast<const DirectLaunch*>();
+  entry->checked_op = fast[6];
+  return entry;
+}
+
+// valuecheck.launched(flag, op, results): where a value-checked hit's error flag goes (set by executor.py).
+// Never destroyed, like g_scalar_arrays.
+py::object& g_value_check_hook = *new py::object();
+
+// ---------------------------------------------------------------- one cache hit's launch, shared
+// By the boxed kernels (arguments from the dispatcher's stack) and run_cached (from Python).
+
+// A hit's arguments: one flat list (arrays, then scalars) for a direct launch, two lists otherwise.
+struct HitArguments {
+  bool direct;
+  size_t n_in;
+  py::list arrays, scalars;
+  HitArguments(const FastEntry& e, size_t n_scalars)
+      : direct(e.direct != nullptr),
+        n_in(e.input_slots.size()),
+        arrays(direct ? n_in + n_scalars : n_in),
+        scalars(direct ? 0 : n_scalars) {}
+  void set_scalar(size_t i, py::handle value) {
+    if (direct)
+      arrays[n_in + i] = value;
+    else
+      scalars[i] = value;
+  }
+};
+
+// Launches the hit (raising what the executable raises) and stores its results: the updated
+// slots' new buffers (`slot_key(slot)`: the slot's key in `buffers`), then the fresh outputs,
+// allocated here. Returns the outputs (undefined where the op returns no tensor).
+template <typename SlotKey>
+Outputs launch_hit(const FastEntry& e, const HitArguments& in, int device, py::dict& buffers, SlotKey slot_key) {
+  py::list flat;     // a direct launch's results: fresh, then updated
+  py::tuple result;  // any other callable's (fresh, updated)
+  if (e.direct)
+    flat = e.direct->launch(in.arrays);
+  else
+    result = e.executable(in.arrays, in.scalars).template cast<py::tuple>();
+  // The results as borrowed items, read in place.
+  py::object fresh_seq = e.direct ? py::object(flat) : fast_sequence(result[0]);
+  py::object updated_seq = e.direct ? py::object(flat) : fast_sequence(result[1]);
+  const Py_ssize_t skip = e.direct ? static_cast<Py_ssize_t>(e.direct->n_fresh) : 0;
+  const Py_ssize_t n_fresh = e.direct ? skip : PySequence_Fast_GET_SIZE(fresh_seq.ptr());
+  const bool checked = !e.checked_op.is_none();
+  if (PySequence_Fast_GET_SIZE(updated_seq.ptr()) - skip !=
+          static_cast<Py_ssize_t>(e.updated_slots.size() + (checked ? 1 : 0)) ||
+      n_fresh != static_cast<Py_ssize_t>(e.n_fresh))
+    throw std::runtime_error("a cached program returned a different number of results than it was planned with");
+  PyObject** fresh = PySequence_Fast_ITEMS(fresh_seq.ptr());
+  PyObject** updated = PySequence_Fast_ITEMS(updated_seq.ptr()) + skip;
+  for (size_t i = 0; i < e.updated_slots.size(); ++i) {
+    size_t slot = e.updated_slots[i];
+    buffers[slot_key(slot)] = py::make_tuple(py::handle(updated[i]), e.slot_dtypes[slot]);
+  }
+  Outputs outs = allocate_outputs(e.outputs, device);
+  size_t next = 0;
+  for (size_t i = 0; i < outs.size(); ++i) {
+    if (!outs[i].defined()) continue;
+    buffers[py::int_(reinterpret_cast<uint64_t>(outs[i].storage().data()))] =
+        py::make_tuple(py::handle(fresh[next++]), e.outputs[i].dtype);
+  }
+  if (checked) {  // the flag waits for the next materialization point (written tensors were kept on failure)
+    if (!g_value_check_hook) throw std::runtime_error("a value-checked program ran before the executor set its hook");
+    py::list results(n_fresh);
+    for (Py_ssize_t i = 0; i < n_fresh; ++i) results[i] = py::handle(fresh[i]);
+    g_value_check_hook(py::handle(updated[e.updated_slots.size()]), e.checked_op, results);
+  }
+  g_fast_ops += 1;
+  return outs;
+}
+
+// run_cached's plans by the program's `fast` tuple (held: its address is not reused), dropped
+// when the Python program cache forgets programs. Never destroyed, like g_scalar_arrays.
+auto& g_fast_plans = *new std::unordered_map<PyObject*, std::pair<py::object, std::shared_ptr<FastEntry>>>();
+uint64_t g_fast_plans_generation = 0;
+constexpr size_t kFastPlansLimit = 1 << 16;
+
+const FastEntry& fast_entry_of(const py::object& fast) {
+  uint64_t now = g_generation.load(std::memory_order_relaxed);
+  if (g_fast_plans_generation != now || g_fast_plans.size() >= kFastPlansLimit) {
+    g_fast_plans.clear();
+    g_fast_plans_generation = now;
+  }
+  auto it = g_fast_plans.find(fast.ptr());
+  if (it == g_fast_plans.end())
+    it = g_fast_plans.emplace(fast.ptr(), std::make_pair(fast, fast_entry(fast.cast<py::tuple>()))).first;
+  return *it->second.second;
+}
+
+// The whole executor for a call whose program is cached and ready: signature,
+// lookup, device scalars, launch, buffer updates, output tensors, return
+// value. Returns `miss` (untouched state) when the Python path must run.
+// `prog.fast` is (input_slots, updated_slots, slot_dtypes, outputs, returns, executable, checked op), see program.py.
+py::object run_cached(py::handle op, py::tuple kinds, py::list full, py::dict buffers, bool static_scalars,
+                      py::dict programs, py::dict scalar_cache, py::tuple extra, py::handle miss) {
+  drain_into(buffers);
+  Signature sig;
+  if (!build_signature(op, kinds, full, buffers, static_scalars, sig)) return py::reinterpret_borrow<py::object>(miss);
+  py::object key = sig.key;
+  if (extra.size() > 0) key = py::reinterpret_steal<py::object>(PySequence_Concat(sig.key.ptr(), extra.ptr()));
+  PyObject* prog = PyDict_GetItem(programs.ptr(), key.ptr());  // borrowed
+  if (prog == nullptr) return py::reinterpret_borrow<py::object>(miss);
+  py::object fast = py::reinterpret_borrow<py::object>(prog).attr("fast");
+  if (fast.is_none()) return py::reinterpret_borrow<py::object>(miss);
+  const FastEntry& e = fast_entry_of(fast);
+
+  HitArguments in(e, sig.scalars.size());
+  for (size_t i = 0; i < in.n_in; ++i) {
+    py::object entry = sig.entries[e.input_slots[i]];
+    if (entry.is_none()) return py::reinterpret_borrow<py::object>(miss);
+    in.arrays[i] = entry.cast<py::tuple>()[0];
+  }
+  py::int_ device(sig.device);
+  for (size_t i = 0; i < sig.scalars.size(); ++i) {
+    py::tuple cache_key = scalar_cache_key(sig.scalars[i], device);
+    PyObject* array = PyDict_GetItem(scalar_cache.ptr(), cache_key.ptr());  // borrowed
+    if (array == nullptr) return py::reinterpret_borrow<py::object>(miss);
+    in.set_scalar(i, array);
+  }
+  // Raises on runtime errors (the executor translates them).
+  Outputs outs = launch_hit(e, in, sig.device, buffers, [&](size_t slot) { return py::object(sig.addresses[slot]); });
+  // returns: (kind, a, b): kind 0 -> argument a; 1 -> output a; 2 -> outputs [a, a + b).
+  auto one = [&](const std::array<int64_t, 3>& r) -> py::object {
+    if (r[0] == 0) return full[r[1]];
+    if (r[0] == 1) return py::cast(outs[r[1]]);
+    py::list sub(r[2]);
+    for (int64_t j = 0; j < r[2]; ++j) sub[j] = py::cast(outs[r[1] + j]);
+    return std::move(sub);
+  };
+  if (e.returns.empty()) return py::none();
+  if (e.returns.size() == 1) return one(e.returns[0]);
+  py::tuple out(e.returns.size());
+  for (size_t r = 0; r < e.returns.size(); ++r) out[r] = one(e.returns[r]);
+  return std::move(out);
+}
 
 // The byte key of one call, built from the dispatcher's stack.
 struct KeyBuilder : SlotTable {
@@ -1781,30 +1865,20 @@ struct BoxedKernel final : c10::OperatorKernel {
     if (prog == nullptr) return nullptr;
     py::object fast = py::reinterpret_borrow<py::object>(prog).attr("fast");
     if (fast.is_none()) return nullptr;
-    py::tuple f = fast.cast<py::tuple>();
-    auto entry = std::make_shared<FastEntry>();
-    read_plan(f, *entry);
-    entry->executable = f[5];
-    if (py::isinstance<DirectLaunch>(entry->executable)) entry->direct = entry->executable.cast<const DirectLaunch*>();
-    return entry;
+    return fast_entry(fast.cast<py::tuple>());
   }
 
   bool run(const FastEntry& e, const KeyBuilder& b, Args args, py::dict& buffers,
            const SlotObjects& slot_keys, const SlotObjects& slot_arrays,
            torch::jit::Stack* stack) {
     const int device = b.device;
-    // One flat list (arrays, then scalars) for a direct launch; two lists for any other callable.
-    const size_t n_in = e.input_slots.size(), n_scalars = b.scalars.size();
-    py::list arrays(e.direct ? n_in + n_scalars : n_in);
-    for (size_t i = 0; i < n_in; ++i) {
+    HitArguments in(e, b.scalars.size());
+    for (size_t i = 0; i < in.n_in; ++i) {
       const py::object& array = slot_arrays[e.input_slots[i]];
       if (!array) return false;  // a slot never written: the Python path reads it as zeros
-      arrays[i] = array;
+      in.arrays[i] = array;
     }
-    py::list scalars(e.direct ? 0 : n_scalars);
-    py::list& scalar_list = e.direct ? arrays : scalars;
-    const size_t scalar_base = e.direct ? n_in : 0;
-    for (size_t i = 0; i < n_scalars; ++i) {
+    for (size_t i = 0; i < b.scalars.size(); ++i) {
       const RuntimeScalar& s = b.scalars[i];
       int64_t bits = s.i;
       if (s.type == 0) std::memcpy(&bits, &s.d, sizeof(bits));
@@ -1818,15 +1892,11 @@ struct BoxedKernel final : c10::OperatorKernel {
         if (g_scalar_arrays.size() >= kScalarArraysLimit) g_scalar_arrays.clear();
         found = g_scalar_arrays.emplace(sk, py::reinterpret_borrow<py::object>(array)).first;
       }
-      scalar_list[scalar_base + i] = found->second;
+      in.set_scalar(i, found->second);
     }
-    py::list flat;  // a direct launch's results
-    py::tuple result;  // any other callable's (fresh, updated)
+    Outputs outs;
     try {
-      if (e.direct)
-        flat = e.direct->launch(arrays);
-      else
-        result = e.executable(arrays, scalars).cast<py::tuple>();
+      outs = launch_hit(e, in, device, buffers, [&](size_t slot) -> const py::object& { return slot_keys[slot]; });
     } catch (py::error_already_set& err) {
       if (!err.matches(k->runtime_error)) {
         err.restore();
@@ -1836,29 +1906,6 @@ struct BoxedKernel final : c10::OperatorKernel {
       PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(translated.ptr())), translated.ptr());
       throw python_error();
     }
-    // The results as borrowed items: a direct launch's one flat list (fresh, then updated), read
-    // in place; any other callable's two sequences.
-    py::object fresh_seq = e.direct ? py::object(flat) : fast_sequence(result[0]);
-    py::object updated_seq = e.direct ? py::object(flat) : fast_sequence(result[1]);
-    const Py_ssize_t skip = e.direct ? static_cast<Py_ssize_t>(e.direct->n_fresh) : 0;
-    const Py_ssize_t n_fresh = e.direct ? skip : PySequence_Fast_GET_SIZE(fresh_seq.ptr());
-    if (PySequence_Fast_GET_SIZE(updated_seq.ptr()) - skip != static_cast<Py_ssize_t>(e.updated_slots.size()) ||
-        n_fresh != static_cast<Py_ssize_t>(e.n_fresh))
-      throw std::runtime_error("a cached program returned a different number of results than it was planned with");
-    PyObject** fresh = PySequence_Fast_ITEMS(fresh_seq.ptr());
-    PyObject** updated = PySequence_Fast_ITEMS(updated_seq.ptr()) + skip;
-    for (size_t i = 0; i < e.updated_slots.size(); ++i) {
-      size_t slot = e.updated_slots[i];
-      buffers[slot_keys[slot]] = py::make_tuple(py::handle(updated[i]), e.slot_dtypes[slot]);
-    }
-    Outputs outs = allocate_outputs(e.outputs, device);
-    size_t next = 0;
-    for (size_t i = 0; i < outs.size(); ++i) {
-      if (!outs[i].defined()) continue;
-      buffers[py::int_(reinterpret_cast<uint64_t>(outs[i].storage().data()))] =
-          py::make_tuple(py::handle(fresh[next++]), e.outputs[i].dtype);
-    }
-    g_fast_ops += 1;
     push_returns(e.returns, args, outs, stack);
     return true;
   }
@@ -2015,6 +2062,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_defer_path", [](bool enabled) { g_defer_enabled.store(enabled); });
   m.def("defer_path_enabled", []() { return g_defer_enabled.load(); });
   m.def("set_any_lost", [](bool lost) { g_any_lost.store(lost); });
+  m.def("set_value_check_hook", [](py::object hook) { g_value_check_hook = std::move(hook); });
   m.def("native_record_count", []() { return g_native_recorded.load(); });
   m.def("reset_native_record_count", []() {
     g_native_recorded.store(0);

@@ -40,6 +40,7 @@ _new_outputs = _native.new_outputs
 _run_cached = _native.run_cached
 _counts = metrics.counts
 _native.set_fast_path(not (config.launch_blocking or config.defer_and_fuse or xla_options.active))
+_native.set_value_check_hook(_valuecheck.launched)  # value-checked cache hits hand their flags here
 _new_tensor = _native.new_tensor
 _buffers = storage.buffers
 _TENSOR, _CPU, _SCALAR, _SCALAR_LIST = program_mod.TENSOR, program_mod.CPU_SCALAR, program_mod.SCALAR, program_mod.SCALAR_LIST

@@ -123,9 +123,10 @@ def _prepared(op, kernel):
     prepare = registry.preparation(op)
     if prepare is None:
         return kernel
-    if getattr(prepare, "only_resolves_lazy_bits", False):
-        # The boxed kernel stays registered: its hit path refuses tensors with conjugate/negative
-        # bits, and its Python path (`slow`) resolves them first.
+    if registry.prepared_only_on_miss(op):
+        # The boxed kernel stays registered: a call its preparation would change never finds a
+        # program (its hit path also refuses tensors with conjugate/negative bits), and its Python
+        # path (`slow`) prepares first.
         execute = kernel.slow
 
         def slow(*args, **kwargs):

@@ -89,11 +89,14 @@ class OpProgram:
         self.checks = False
 
     def enable_fast_path(self) -> None:
-        """Hand the native cache-hit path everything it needs (not for out= resizes or non-tensor returns)."""
-        if self.resize or self.executable is None or self.values or self.checks:
+        """Hand the native cache-hit path everything it needs (not for out= resizes or non-tensor returns).
+
+        The last item names a value-checked op (None for others): the native path hands its flag to
+        eager/valuecheck.py, as the Python path does."""
+        if self.resize or self.executable is None or self.values:
             return
         self.fast = (self.input_slots, self.updated_slots, self.slot_dtypes, self.layouts, self._return_plan(),
-                     self.executable)
+                     self.executable, self.spec.name if self.checks else None)
 
     def record_plan(self):
         """What the native DeferAndFuse recorder needs (csrc/native.cpp), or None: Python records this program."""
@@ -125,7 +128,7 @@ class OpProgram:
             return
         direct = cache_executable.direct_launch(self.executable, n_arguments, fresh, updated)
         if direct is not None:
-            self.fast = (*self.fast[:5], direct)
+            self.fast = (*self.fast[:5], direct, self.fast[6])
 
 
 def build(key, spec: OpSpec, lowering: Lowering, scalars: list, via_functional: bool) -> OpProgram:
@@ -328,6 +331,10 @@ def _make_trace(spec, lowering, key_args, slots, slot_dtypes, passed, input_slot
         (dtypes.to_jax(dtype), nbytes // dtype.itemsize) for dtype, (_, nbytes) in zip(slot_dtypes, slots)
     ]
     n_rng = RNG_SCALARS if lowering.rng else 0
+    layout = {}
+    if lowering.layout_args:  # the key's strides: (tag, dtype, sizes, strides, offset, slot)
+        layout["contiguous"] = tuple(strided.is_contiguous(*key_args[spec.index[name]][2:4])
+                                     for name in lowering.layout_args)
 
     def trace(slot_arrays, scalars):
         with jax.named_scope(scope):
@@ -349,6 +356,7 @@ def _make_trace(spec, lowering, key_args, slots, slot_dtypes, passed, input_slot
             if jax_compute is not None:
                 args = [_cast(a, jax_compute) if i in promoted else a for i, a in enumerate(args)]
             kwargs = {"key": _rng_key(scalars[-RNG_SCALARS:])} if n_rng else {}
+            kwargs.update(layout)
             if checked:
                 with checks.collecting() as flags:
                     result = fn(*(args[i] for i in passed), **kwargs)

@@ -58,9 +58,11 @@ def _refs(arrays) -> list:
 
 
 def launched(flag, op: str, results) -> None:
-    """A strict program ran: `flag` is its error flag, `results` the arrays it produced."""
+    """A strict program ran: `flag` is its error flag, `results` the arrays it produced.
+
+    The native cache-hit path calls this too, from a thread that may have no Python frame (autograd's)."""
     counts["checked ops"] += 1
-    _enqueue((flag, [(op, recompiles.user_code(sys._getframe(1)), _refs(results))]))
+    _enqueue((flag, [(op, recompiles.user_code(sys._getframe(0).f_back), _refs(results))]))
 
 
 def _enqueue(entry) -> None:

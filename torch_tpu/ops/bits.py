@@ -73,4 +73,4 @@ _PASSED_THROUGH = (
 )
 
 for _op in _PASSED_THROUGH:
-    prepare(_op)(_resolve_read_arguments(_op))
+    prepare(_op, only_on_miss=True)(_resolve_read_arguments(_op))  # the hit path refuses lazy bits

@@ -130,17 +130,20 @@ def _long_indices(x: torch.Tensor, indices) -> list:
     return out
 
 
-@prepare(aten.index.Tensor, aten._unsafe_index.Tensor)
+# The index preparations change boolean/uint8 masks and index tensors on another device (dtypes and
+# devices no prepared call has: a mask kept for `x[mask] = scalar` is bool and alone), so cache hits
+# keep the boxed kernel (only_on_miss).
+@prepare(aten.index.Tensor, aten._unsafe_index.Tensor, only_on_miss=True)
 def _index_arguments(x, indices):
     return (x, _long_indices(x, indices)), {}
 
 
-@prepare(aten.index_put.default, aten.index_put_.default, aten._unsafe_index_put.default)
+@prepare(aten.index_put.default, aten.index_put_.default, aten._unsafe_index_put.default, only_on_miss=True)
 def _index_put_arguments(x, indices, values, accumulate=False):
     return (x, _index_put_indices(x, indices, values), values, accumulate), {}
 
 
-@prepare(aten._index_put_impl_.default, aten._index_put_impl.default)
+@prepare(aten._index_put_impl_.default, aten._index_put_impl.default, only_on_miss=True)
 def _index_put_impl_arguments(x, indices, values, accumulate=False, unsafe=False):
     return (x, _index_put_indices(x, indices, values), values, accumulate, unsafe), {}
 
@@ -257,8 +260,9 @@ def bincount(x, weights=None, minlength=0):
     return ops.bincount_static(x, weights, max(largest + 1, minlength))
 
 
-@prepare(aten.repeat_interleave.Tensor)
+@prepare(aten.repeat_interleave.Tensor, only_on_miss=True)
 def _repeat_interleave_arguments(repeats, output_size=None):
+    # Only a None output_size changes (to a number): a call that gives one hits natively.
     if output_size is None:
         output_size = _size(repeats.sum()) if repeats.numel() else 0
     return (repeats,), {"output_size": output_size}

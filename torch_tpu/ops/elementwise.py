@@ -316,7 +316,7 @@ lower_table(
 
 @prepare(aten.__lshift__.Tensor, aten.__lshift__.Scalar, aten.__rshift__.Tensor, aten.__rshift__.Scalar,
          aten.bitwise_left_shift.Tensor, aten.bitwise_left_shift.Tensor_Scalar,
-         aten.bitwise_right_shift.Tensor, aten.bitwise_right_shift.Tensor_Scalar)
+         aten.bitwise_right_shift.Tensor, aten.bitwise_right_shift.Tensor_Scalar, only_on_miss=True)
 def _bool_shift_arguments(x, other):
     """A bool tensor shifted by an integer promotes first, as PyTorch's CPU kernel does (bool << 1 is int64);
     PyTorch's meta kernel checks the unpromoted dtype and would refuse it."""
@@ -338,6 +338,9 @@ lower_table(
 
 
 # ---------------------------------------------------------------- selection
+# torch._refs writes `where` as the prim (same dtypes: no promotion); compiled graphs reach it
+# (e.g. det's backward).
+@lowers(torch.ops.prims.where.default)
 @lowers(aten.where.self, promote=Promote.DEFAULT, promote_args=("self", "other"))
 def where(condition, x, y):
     return jnp.where(condition, x, y)

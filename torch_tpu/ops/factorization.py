@@ -23,7 +23,7 @@ import jax.scipy.linalg as jsl
 from jax import lax
 
 from torch_tpu.ops.linalg import _matmul
-from torch_tpu.ops.registry import aten, lowers, prepare
+from torch_tpu.ops.registry import aten, lowers
 
 
 # ---------------------------------------------------------------- helpers
@@ -258,26 +258,23 @@ def _det_parts(a):
     return lu, pivots, diagonal, sign
 
 
-@prepare(aten._linalg_det.default, aten._linalg_slogdet.default)
-def _det_of_transpose(a):
-    # PyTorch's contract (its backward relies on it): for a contiguous real A, the LU and
-    # pivots returned are those of A^T (free to factor in column-major LAPACK); det is the same.
-    if a.is_contiguous() and not a.is_complex():
-        a = a.mT
-    return (a,), {}
+def _det_input(a, contiguous):
+    # PyTorch's contract (its backward relies on it): for a contiguous real A, the LU and pivots
+    # returned are those of A^T (free to factor in column-major LAPACK); det is the same.
+    return _mT(a) if contiguous[0] and not jnp.issubdtype(a.dtype, jnp.complexfloating) else a
 
 
-@lowers(aten._linalg_det.default)
+@lowers(aten._linalg_det.default, layout_args=("A",))
 @_highest
-def linalg_det(a):
-    lu, pivots, diagonal, sign = _det_parts(a)
+def linalg_det(a, contiguous):
+    lu, pivots, diagonal, sign = _det_parts(_det_input(a, contiguous))
     return sign * jnp.prod(diagonal, axis=-1), lu, pivots
 
 
-@lowers(aten._linalg_slogdet.default)
+@lowers(aten._linalg_slogdet.default, layout_args=("A",))
 @_highest
-def linalg_slogdet(a):
-    lu, pivots, diagonal, sign = _det_parts(a)
+def linalg_slogdet(a, contiguous):
+    lu, pivots, diagonal, sign = _det_parts(_det_input(a, contiguous))
     magnitude = jnp.abs(diagonal)
     if jnp.issubdtype(a.dtype, jnp.complexfloating):
         phase = jnp.prod(jnp.where(magnitude == 0, 0, diagonal / jnp.where(magnitude == 0, 1, magnitude)), axis=-1)

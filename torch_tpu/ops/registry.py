@@ -58,6 +58,10 @@ class Lowering:
     # Output metadata where PyTorch's meta kernel refuses inputs the lowering supports (it checks
     # one backend's limits, e.g. _grouped_mm's CUDA-only bf16): called like the op, on meta tensors.
     meta: Callable | None = None
+    # Tensor arguments whose layout picks PyTorch's algorithm (det/slogdet factor A^T of a contiguous
+    # real A): the lowering gets `contiguous=`, one bool per name, read from the strides in the
+    # program's key (so each layout is its own program, in eager, DeferAndFuse and compiled graphs).
+    layout_args: tuple[str, ...] = ()
     # False: torch.compile graphs only; eager keeps the op's own kernel (collectives: c10d's, which
     # calls the process group; the lowering needs the SPMD program of a graph, ops/collectives.py).
     eager: bool = True
@@ -82,6 +86,9 @@ def register(op: torch._ops.OpOverload, fn: Callable, **options) -> Lowering:
     floats = {a.name for a in op._schema.arguments if str(a.type) == "float"}
     if set(lowering.runtime) - floats:
         raise ValueError(f"{op}: runtime arguments must be float arguments, got {sorted(set(lowering.runtime) - floats)}")
+    tensors = {a.name for a in op._schema.arguments if isinstance(a.type, torch.TensorType)}
+    if set(lowering.layout_args) - tensors:
+        raise ValueError(f"{op}: layout arguments must be tensor arguments, got {sorted(set(lowering.layout_args) - tensors)}")
     _TABLE[op] = lowering
     return lowering
 
@@ -111,6 +118,7 @@ def lower_table(table: dict, **options) -> None:
 # boolean masks -> index tensors). Both are registered like lowerings: once per op.
 _KERNELS: dict = {}
 _PREPARE: dict = {}
+_ONLY_ON_MISS: set = set()
 
 
 def _add_once(table: dict, ops, fn):
@@ -128,9 +136,22 @@ def kernel(*ops):
     return lambda fn: _add_once(_KERNELS, ops, fn)
 
 
-def prepare(*ops):
-    """Decorator: `fn(*args, **kwargs) -> (args, kwargs)` runs before these ops' lowered kernels."""
-    return lambda fn: _add_once(_PREPARE, ops, fn)
+def prepare(*ops, only_on_miss: bool = False):
+    """Decorator: `fn(*args, **kwargs) -> (args, kwargs)` runs before these ops' lowered kernels.
+
+    only_on_miss: the preparation changes only arguments whose signature (a dtype, a device, a
+    layout, a static None) no prepared call's signature has, so a call that finds a cached program
+    needs none. The op then keeps its boxed C++ kernel, whose cache hits run without Python, and the
+    preparation runs on its Python path (misses and unusual arguments) only.
+    """
+
+    def add(fn):
+        _add_once(_PREPARE, ops, fn)
+        if only_on_miss:
+            _ONLY_ON_MISS.update(ops)
+        return fn
+
+    return add
 
 
 def kernels() -> dict:
@@ -139,6 +160,11 @@ def kernels() -> dict:
 
 def preparation(op) -> Callable | None:
     return _PREPARE.get(op)
+
+
+def prepared_only_on_miss(op) -> bool:
+    """Whether `op`'s preparation is registered `only_on_miss` (see `prepare`)."""
+    return op in _ONLY_ON_MISS
 
 
 def get(op) -> Lowering | None:
