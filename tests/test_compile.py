@@ -494,3 +494,53 @@ def test_native_graph_key_matches_the_python_key():
 
     for args in ([x, "text"], [x, torch.randn(2, device="meta")], [x.as_subclass(Marked)], (x,)):
         assert _native.graph_key(args, _buffers, _TENSOR) is None
+
+
+def test_boolean_tensors_indexed_and_masked_writes_plan_whole():
+    """Indexing a boolean tensor with integer indices and `x[mask] = scalar` have static shapes: they plan
+    into the graph's program (only a mask among the indices of a read or of a tensor write runs eager)."""
+    torch_tpu.compile.register()
+    stats = torch_tpu.compile.stats
+
+    def masked_fill(x, mask):
+        y = x.clone()
+        y[mask] = 0.5
+        return y * 2
+
+    def gather_bools(b, rows, cols):
+        return b[rows[:, None], cols[None, :]].float() + 1
+
+    def masked_tensor_write(x, mask):  # the values' count depends on the mask: eager, still right
+        y = x.clone()
+        y[mask] = y[mask] * 3
+        return y
+
+    x, mask = torch.randn(4, 5), torch.rand(4, 5) > 0.5
+    b, rows, cols = torch.rand(3, 6) > 0.5, torch.tensor([0, 2]), torch.tensor([1, 5, 3])
+    for fn, args, whole in ((masked_fill, (x, mask), True), (gather_bools, (b, rows, cols), True),
+                            (masked_tensor_write, (x, mask), False)):
+        torch._dynamo.reset()
+        stats.reset()
+        got = torch.compile(fn, backend="tpu")(*(a.to("tpu") for a in args))
+        torch.testing.assert_close(got.cpu(), fn(*args))
+        assert (stats.eager_graphs == 0 and stats.plans == 1) if whole else stats.eager_graphs == 1, stats.as_dict()
+    torch._dynamo.reset()
+
+
+def test_graph_tensor_constants_are_program_literals():
+    """`torch.tensor([...])` inside compiled code (a graph constant) becomes a literal of the program."""
+    torch_tpu.compile.register()
+    torch._dynamo.reset()
+    stats = torch_tpu.compile.stats
+    stats.reset()
+
+    def fn(x):
+        scale = torch.tensor([1.0, -2.0, 0.5]).to(x.device)
+        picks = torch.tensor([2, 0]).to(x.device)
+        return (x * scale)[:, picks] + torch.tensor(3, dtype=torch.bfloat16).to(x.device)
+
+    x = torch.randn(4, 3)
+    got = torch.compile(fn, backend="tpu")(x.to("tpu"))
+    torch.testing.assert_close(got.cpu(), fn(x))
+    assert stats.eager_graphs == 0 and stats.plans == 1, stats.as_dict()
+    torch._dynamo.reset()

@@ -119,6 +119,28 @@ def test_compiled_static_cache_decode_is_one_program():
     torch._dynamo.reset()
 
 
+@pytest.mark.parametrize("arch", ["llama", "bert"])
+def test_compiled_forward_with_attention_mask_is_whole_graphs(arch):
+    """torch.compile(model) with a padding mask: Transformers' mask code (a boolean padding mask indexed
+    with integer index tensors) plans into the program; no graph runs op by op (it did before)."""
+    torch_tpu.compile.register()
+    torch._dynamo.reset()
+    stats = torch_tpu.compile.stats
+    stats.reset()
+    auto = tf.AutoModelForCausalLM if arch == "llama" else tf.AutoModel
+    torch.manual_seed(0)
+    model = auto.from_config(hf_zoo.shrink(arch)).eval()
+    ids = _prompt()
+    mask = torch.ones_like(ids)
+    mask[0, :2] = 0  # left padding in the first row
+    with torch.no_grad():
+        expected = model(input_ids=ids, attention_mask=mask)
+        got = torch.compile(model.to("tpu"), backend="tpu")(input_ids=ids.to("tpu"), attention_mask=mask.to("tpu"))
+    hf_zoo._compare(got, expected, 2e-4, 2e-4)
+    assert stats.plans >= 1 and stats.eager_graphs == 0, stats.as_dict()
+    torch._dynamo.reset()
+
+
 @pytest.mark.heavy
 def test_sampling_and_beam_search_on_tpu():
     model, ids = _tiny(), _prompt()

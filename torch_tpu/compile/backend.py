@@ -81,7 +81,7 @@ def decompositions() -> dict:
     factories (a zero buffer). Everything else with a decomposition in `torch._decomp`'s table
     is decomposed, recursively, until it reaches lowered ops.
     """
-    from torch._decomp import decomposition_table
+    from torch._decomp import core_aten_decompositions, decomposition_table
 
     from torch_tpu.compile import plan
     from torch_tpu.eager import opspec
@@ -108,6 +108,10 @@ def decompositions() -> dict:
     for op, fn in _OWN.items():
         if op not in lowered:
             table[op] = fn
+    core = core_aten_decompositions()
+    for op in _FROM_CORE:
+        if op not in lowered and op in core:
+            table[op] = core[op]
     return table
 
 
@@ -145,6 +149,11 @@ _OWN = {
     aten.randn.default: _randn,
     aten.randn.generator: _randn,
 }
+
+
+# Composite ops eager decomposes at dispatch that reach a graph whole, with a decomposition only in
+# PyTorch's core ATen set (not in `decomposition_table`): F.one_hot in MoE routing.
+_FROM_CORE = (aten.one_hot.default,)
 
 
 def tpu_backend(gm: torch.fx.GraphModule, example_inputs, **options):

@@ -91,6 +91,8 @@ class Step:
 
 
 _programs: dict = {}  # op signature -> OpProgram (the compile backend's own level-1 table)
+# Graph constants up to this size become literals of the program; a larger one runs the graph in eager.
+_MAX_CONSTANT_BYTES = 1 << 20
 
 
 class Plan:
@@ -101,6 +103,7 @@ class Plan:
         self.input_slots: list[int] = []  # slots read from storages, in first-argument order
         self.unwritten: set[int] = set()  # input slots whose storage was never written: zeros
         self.zero_slots: list[int] = []  # slots of empty factories
+        self.constant_slots: dict[int, object] = {}  # slot -> the NumPy values of a graph constant
         self.steps: list[Step] = []
         # per graph output: ("t", slot, entry, OutputMeta) | ("alias", argument, sizes, strides, offset)
         # | ("host", index) | ("py", value)
@@ -146,8 +149,9 @@ class Plan:
             if node.op == "output":
                 self.outputs = [self._output(v) for v in _flat_outputs(_substitute(node.args[0], env))]
                 break
-            if node.op == "get_attr":
-                raise Unsupported(f"graph attribute {node.target}")  # AOTAutograd lifts parameters to inputs
+            if node.op == "get_attr":  # AOTAutograd lifts parameters to inputs: what is left are constants
+                env[node] = self._constant(gm, node.target)
+                continue
             if node.op != "call_function":
                 raise Unsupported(f"{node.op} node {node.target}")
             try:
@@ -172,6 +176,22 @@ class Plan:
         if dtype != slot_dtype:
             base = base.view(dtype)
         return Value(slot, base.as_strided(sizes, strides, offset))
+
+    def _constant(self, gm, target: str) -> Value:
+        """A tensor constant of the graph (`torch.tensor([...])` in the traced code): a slot the program
+        fills with the constant's values (an XLA literal, part of the program and its cache key)."""
+        value = gm
+        for name in target.split("."):
+            value = getattr(value, name, None)
+        if not isinstance(value, torch.Tensor) or value.is_sparse or value.is_quantized:
+            raise Unsupported(f"graph attribute {target}")
+        if value.numel() * value.element_size() > _MAX_CONSTANT_BYTES:
+            raise Unsupported(f"graph attribute {target}: a constant of over {_MAX_CONSTANT_BYTES} bytes")
+        dtypes.to_jax(value.dtype)  # a dtype the device has, or a clear error
+        host = value.detach().to("cpu", copy=True).contiguous()
+        slot = self._new_slot(host.dtype, host.numel() * host.element_size())
+        self.constant_slots[slot] = dtypes.tensor_to_numpy(host.reshape(-1))
+        return Value(slot, torch.empty(host.shape, dtype=host.dtype, device="meta"))
 
     def _host_value(self, meta) -> HostValue:
         self.n_host += 1
@@ -232,6 +252,12 @@ class Plan:
         on_host = any(isinstance(v, HostValue) for v in flat)
         if (on_host and not any(isinstance(v, Value) for v in flat)) or _host_factory(kwargs):
             return self._host_call(target, args, kwargs)
+        if target is torch.ops.prims.device_put.default and isinstance(args[0], Value):
+            device = torch.device(args[1] if len(args) > 1 else kwargs["device"])
+            if device.type != "tpu":
+                raise Unsupported(f"a copy of a tpu value to {device}")
+            # A constant moved to the device (`torch.tensor([...]).to(x.device)`): a tpu value already.
+            return self._lowered(aten.clone.default, registry.get(aten.clone.default), False, [args[0]], {})
         if target in EMPTY:
             meta = target(*_metas(args), **_metas(kwargs))
             slot = self._new_slot(meta.dtype, meta.untyped_storage().nbytes())
@@ -296,9 +322,11 @@ class Plan:
     def _lowered(self, op, lowering, via_functional, args, kwargs):
         s = opspec.spec(op, lowering.mutates, lowering.runtime)
         full = s.normalize(tuple(args), kwargs)
-        if registry.preparation(op) is not None and not getattr(registry.preparation(op), "only_resolves_lazy_bits",
-                                                                 False):
-            if any(isinstance(v, Value) and v.meta.dtype == torch.bool for v in _flat_outputs(full)):
+        prepare = registry.preparation(op)
+        if prepare is not None and not getattr(prepare, "only_resolves_lazy_bits", False):
+            value_dependent = getattr(prepare, "value_dependent", None)
+            if (value_dependent(*_metas(full)) if value_dependent is not None else
+                    any(isinstance(v, Value) and v.meta.dtype == torch.bool for v in _flat_outputs(full))):
                 raise Unsupported(f"{op} with boolean masks (a value-dependent shape)")
         entries, scalars, local_of, local_slots = [], [], {}, []
 
@@ -392,6 +420,8 @@ class Plan:
                 bufs[s] = array
             for s in (*self.unwritten, *self.zero_slots):
                 bufs[s] = jnp.zeros((layout[s][1],), layout[s][0])
+            for s, values in self.constant_slots.items():
+                bufs[s] = jnp.asarray(values, layout[s][0])
             flags = []
             for step in self.steps:
                 scalars = [host[v.k] if isinstance(v, HostRef) else v for v in step.scalars]

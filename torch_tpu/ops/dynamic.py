@@ -138,6 +138,16 @@ def _index_arguments(x, indices):
     return (x, _long_indices(x, indices)), {}
 
 
+def _has_mask(indices) -> bool:
+    return any(i is not None and i.dtype in (torch.bool, torch.uint8) for i in indices)
+
+
+# Whether a call's shapes depend on values (a torch.compile graph holding one runs in eager,
+# compile/plan.py): only a mask among the indices does, not a boolean tensor being indexed
+# (Transformers' attention masks index a boolean padding mask with integer index tensors).
+_index_arguments.value_dependent = lambda x, indices: _has_mask(indices)
+
+
 @prepare(aten.index_put.default, aten.index_put_.default, aten._unsafe_index_put.default, only_on_miss=True)
 def _index_put_arguments(x, indices, values, accumulate=False):
     return (x, _index_put_indices(x, indices, values), values, accumulate), {}
@@ -148,10 +158,25 @@ def _index_put_impl_arguments(x, indices, values, accumulate=False, unsafe=False
     return (x, _index_put_indices(x, indices, values), values, accumulate, unsafe), {}
 
 
-def _index_put_indices(x, indices, values):
-    # `x[mask] = scalar` needs no size: the lowering writes it with a select (no synchronisation).
+def _index_put_value_dependent(x, indices, values, *rest):
+    # A uint8 mask reaches the lowering as bool only through the preparation: counted as dependent.
+    bool_select = _writes_by_select(x, indices, values) and not any(
+        i is not None and i.dtype == torch.uint8 for i in indices)
+    return _has_mask(indices) and not bool_select
+
+
+_index_put_arguments.value_dependent = _index_put_value_dependent
+_index_put_impl_arguments.value_dependent = _index_put_value_dependent
+
+
+def _writes_by_select(x, indices, values) -> bool:
+    """`x[mask] = scalar` needs no size: the lowering writes it with a select (no synchronisation)."""
     masked = _mask_position(indices)
-    if masked is not None and values.numel() == 1 and masked[1].device == x.device:
+    return masked is not None and values.numel() == 1 and masked[1].device == x.device
+
+
+def _index_put_indices(x, indices, values):
+    if _writes_by_select(x, indices, values):
         return [None if i is None else i.bool() if i.dtype == torch.uint8 else i for i in indices]
     return _long_indices(x, indices)
 
