@@ -21,10 +21,11 @@ def register() -> None:
     """Register `tpu_backend` with Dynamo as "tpu" (imports torch._dynamo; idempotent)."""
     from torch._dynamo.backends import registry
 
-    from torch_tpu.compile import optimizers
+    from torch_tpu.compile import fake, optimizers
 
     skip_library_frames()
     optimizers.install()
+    fake.install()
     if registry._COMPILER_FNS.get("tpu") is tpu_backend:
         return
     registry._COMPILER_FNS.pop("tpu", None)
