@@ -544,3 +544,31 @@ def test_graph_tensor_constants_are_program_literals():
     torch.testing.assert_close(got.cpu(), fn(x))
     assert stats.eager_graphs == 0 and stats.plans == 1, stats.as_dict()
     torch._dynamo.reset()
+
+
+def test_saved_non_dense_views_keep_their_traced_strides():
+    """GPT-2's attention saves q, k and v for backward as non-dense views of one projection; the
+    backward graph's views were traced on those strides, so the plan keeps them (it failed before)."""
+    torch_tpu.compile.register()
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    proj = torch.nn.Linear(16, 48)
+    x = torch.randn(2, 8, 16)
+
+    def loss_of(proj, x):
+        q, k, v = (t.view(2, 8, 2, 8).transpose(1, 2) for t in proj(x).split(16, dim=2))
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return out.transpose(1, 2).reshape(2, 8, 16).square().sum()
+
+    def step(proj, x):
+        loss = loss_of(proj, x)
+        loss.backward()
+        return loss
+
+    tpu_proj = copy.deepcopy(proj).to("tpu")
+    expected = step(proj, x)
+    got = torch.compile(step, backend="tpu")(tpu_proj, x.to("tpu"))
+    torch.testing.assert_close(got.cpu(), expected, atol=1e-4, rtol=1e-4)
+    for p, q in zip(proj.parameters(), tpu_proj.parameters()):
+        torch.testing.assert_close(q.grad.cpu(), p.grad, atol=1e-4, rtol=1e-4)
+    torch._dynamo.reset()

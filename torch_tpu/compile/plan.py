@@ -135,6 +135,9 @@ class Plan:
         env: dict = {}
         slot_of: dict[int, int] = {}  # argument slot index (within the key) -> plan slot
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        # AOTAutograd's graphs are functional but for input mutations, written back by copy_ at the end.
+        written_inputs = {n.args[0] for n in gm.graph.nodes
+                          if n.op == "call_function" and n.target is aten.copy_.default and n.args[0] in placeholders}
         for position, (node, entry) in enumerate(zip(placeholders, args_key)):
             if entry is not None and entry[0] == "H":
                 env[node] = self._host_value(torch.empty_strided(entry[2], entry[3], dtype=entry[1], device="meta"))
@@ -143,6 +146,9 @@ class Plan:
                 env[node] = self._input(entry, slot_of)
                 if isinstance(env[node], Value):
                     self.arguments_of.setdefault(env[node].slot, []).append((position, entry[1]))
+        for node in placeholders:  # after them all: input slots come first
+            if node not in written_inputs:
+                env[node] = self._as_traced(env[node], node)
         for node in gm.graph.nodes:
             if node.op == "placeholder":
                 continue
@@ -155,7 +161,8 @@ class Plan:
             if node.op != "call_function":
                 raise Unsupported(f"{node.op} node {node.target}")
             try:
-                env[node] = self._call(node.target, _substitute(node.args, env), _substitute(node.kwargs, env))
+                env[node] = self._as_traced(
+                    self._call(node.target, _substitute(node.args, env), _substitute(node.kwargs, env)), node)
             except Unsupported:
                 raise
             except Exception as err:
@@ -176,6 +183,30 @@ class Plan:
         if dtype != slot_dtype:
             base = base.view(dtype)
         return Value(slot, base.as_strided(sizes, strides, offset))
+
+    def _as_traced(self, value, node):
+        """`value` laid out with the strides AOTAutograd traced for `node`, copied if they differ.
+
+        The graph's view ops were decided on the traced strides (a `view` valid there can fail on
+        another layout). Our programs' results are dense (program.OutputMeta), so a result PyTorch
+        lays out otherwise (a saved q/k/v: non-dense views of one projection) arrives in another
+        layout; a copy into the traced strides keeps the rest of the graph as traced. Intermediates
+        are never written in a functional graph, so the copy changes no aliasing."""
+        val = node.meta.get("val")
+        if not isinstance(value, Value) or not isinstance(val, torch.Tensor) or val.dtype != value.meta.dtype:
+            return value
+        shape, strides = tuple(val.shape), tuple(val.stride())
+        if not all(isinstance(x, int) for x in (*shape, *strides)) or shape != tuple(value.meta.shape):
+            return value  # symbolic (dynamic) shapes: planned as they come
+        if all(a == b for size, a, b in zip(shape, strides, value.meta.stride()) if size > 1):
+            return value
+        extent = 1 + sum((size - 1) * stride for size, stride in zip(shape, strides)) if all(shape) else 0
+        slot = self._new_slot(val.dtype, extent * val.dtype.itemsize)
+        self.zero_slots.append(slot)
+        base = torch.empty((extent,), dtype=val.dtype, device="meta")
+        target = Value(slot, base.as_strided(shape, strides, 0))
+        self._call(aten.copy_.default, [target, value], {})
+        return target
 
     def _constant(self, gm, target: str) -> Value:
         """A tensor constant of the graph (`torch.tensor([...])` in the traced code): a slot the program
