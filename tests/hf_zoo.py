@@ -4,7 +4,8 @@ with the same model on CPU.
 
 Run as a script (tests/test_huggingface_zoo.py does, in one fresh process with
 TORCH_TPU_FALLBACK=error) it prints one JSON line per architecture:
-{"arch", "status": "pass"|"fail", "stage", "error", "max_abs_err", "seconds"}.
+{"arch", "status": "pass"|"fail", "stage", "error", "max_abs_err", "seconds"}. With `--compile`, each
+model's forward also runs under torch.compile(backend="tpu") (docs/huggingface.md).
 """
 from __future__ import annotations
 
@@ -222,7 +223,7 @@ def _compare(actual, expected, atol, rtol):
     return worst
 
 
-def run_one(arch, auto_name, make_config, make_inputs, root, atol=2e-4, rtol=2e-4):
+def run_one(arch, auto_name, make_config, make_inputs, root, atol=2e-4, rtol=2e-4, compiled=False):
     import transformers as tf
 
     started = time.perf_counter()
@@ -252,6 +253,16 @@ def run_one(arch, auto_name, make_config, make_inputs, root, atol=2e-4, rtol=2e-
         model = model.to("tpu")
         with torch.no_grad():
             err = max(err, _compare(model(**tpu_inputs, **kwargs), expected, atol, rtol))
+        if compiled:  # torch.compile(model, backend="tpu"): every graph one program, no graph op by op
+            import torch_tpu.compile
+
+            stage = "torch.compile"
+            torch_tpu.compile.register()
+            torch._dynamo.reset()
+            eager_graphs = torch_tpu.compile.stats.eager_graphs
+            with torch.no_grad():
+                err = max(err, _compare(torch.compile(model, backend="tpu")(**tpu_inputs, **kwargs), expected, atol, rtol))
+            assert torch_tpu.compile.stats.eager_graphs == eager_graphs, "a graph ran op by op (see the warning)"
         return {"arch": arch, "status": "pass", "stage": None, "error": None, "max_abs_err": err,
                 "seconds": round(time.perf_counter() - started, 2)}
     except Exception as exc:  # a failure is a row of the table, with where and why
@@ -266,12 +277,13 @@ def main(argv):
 
     transformers.logging.set_verbosity_error()
     torch.set_float32_matmul_precision("highest")
-    only = set(argv)
+    compiled = "--compile" in argv
+    only = set(argv) - {"--compile"}
     with tempfile.TemporaryDirectory() as root:
         for arch, auto_name, make_config, make_inputs in _configs():
             if only and arch not in only:
                 continue
-            print(json.dumps(run_one(arch, auto_name, make_config, make_inputs, root)), flush=True)
+            print(json.dumps(run_one(arch, auto_name, make_config, make_inputs, root, compiled=compiled)), flush=True)
 
 
 if __name__ == "__main__":
