@@ -528,7 +528,8 @@ def test_boolean_tensors_indexed_and_masked_writes_plan_whole():
 
 
 def test_graph_tensor_constants_are_program_literals():
-    """`torch.tensor([...])` inside compiled code (a graph constant) becomes a literal of the program."""
+    """`torch.tensor([...])` inside compiled code (a graph constant) and CPU factories moved to the device
+    (`torch.eye(n).to(x.device)`) become literals of the program."""
     torch_tpu.compile.register()
     torch._dynamo.reset()
     stats = torch_tpu.compile.stats
@@ -537,7 +538,10 @@ def test_graph_tensor_constants_are_program_literals():
     def fn(x):
         scale = torch.tensor([1.0, -2.0, 0.5]).to(x.device)
         picks = torch.tensor([2, 0]).to(x.device)
-        return (x * scale)[:, picks] + torch.tensor(3, dtype=torch.bfloat16).to(x.device)
+        # CPU factories moved to the device: computed once when planned, literals as well
+        shift = (torch.eye(3) * 2 + torch.arange(3)).to(x.device)
+        spread = torch.zeros(4, 3).to(x.device).scatter_add(1, torch.argsort(x, 1), x)
+        return (x * scale)[:, picks] + torch.tensor(3, dtype=torch.bfloat16).to(x.device) + (x @ shift)[:, :2] + spread[:, 1:]
 
     x = torch.randn(4, 3)
     got = torch.compile(fn, backend="tpu")(x.to("tpu"))

@@ -114,6 +114,7 @@ class Plan:
         # Dynamic-shape graphs return flat buffers instead: one XLA compile per new size, not two.
         self.nd_outputs = nd_outputs
         self.n_host = 0  # host values (CPU placeholders, then results of host steps)
+        self.host_constants: dict[int, torch.Tensor] = {}  # host values that depend on no input: their values
         self.host_inputs: list[tuple[int, int]] = []  # (argument position, host index)
         self.host_steps: list[_HostStep] = []  # mutating ones in host_mutations, run last
         self.host_mutations: list[_HostStep] = []
@@ -209,15 +210,19 @@ class Plan:
         return target
 
     def _constant(self, gm, target: str) -> Value:
-        """A tensor constant of the graph (`torch.tensor([...])` in the traced code): a slot the program
-        fills with the constant's values (an XLA literal, part of the program and its cache key)."""
+        """A tensor constant of the graph (`torch.tensor([...])` in the traced code)."""
         value = gm
         for name in target.split("."):
             value = getattr(value, name, None)
         if not isinstance(value, torch.Tensor) or value.is_sparse or value.is_quantized:
             raise Unsupported(f"graph attribute {target}")
+        return self._literal(value, f"graph attribute {target}")
+
+    def _literal(self, value: torch.Tensor, what: str) -> Value:
+        """A slot the program fills with `value`'s values (an XLA literal, part of the program and its
+        cache key)."""
         if value.numel() * value.element_size() > _MAX_CONSTANT_BYTES:
-            raise Unsupported(f"graph attribute {target}: a constant of over {_MAX_CONSTANT_BYTES} bytes")
+            raise Unsupported(f"{what}: a constant of over {_MAX_CONSTANT_BYTES} bytes")
         dtypes.to_jax(value.dtype)  # a dtype the device has, or a clear error
         host = value.detach().to("cpu", copy=True).contiguous()
         slot = self._new_slot(host.dtype, host.numel() * host.element_size())
@@ -229,11 +234,21 @@ class Plan:
         return HostValue(self.n_host - 1, meta)
 
     def _host_call(self, target, args, kwargs):
-        """A node over CPU tensors only: run by PyTorch on the host before each launch."""
+        """A node over CPU tensors only: run by PyTorch on the host before each launch.
+
+        One that depends on no graph input (a factory such as `torch.eye(n)`, and ops over such
+        values) is also run once now, so its value can become a literal of the program where the
+        graph moves it to the device (`torch.eye(n).to(x.device)`)."""
         result = target(*_metas(args), **_metas(kwargs))
         out = _wrap_host(result, self)
         record = _HostStep(target, _host_refs(args), _host_refs(kwargs), _host_refs(out))
         s = opspec.spec(target)
+        if isinstance(out, HostValue) and not s.writes and torch.Tag.nondeterministic_seeded not in target.tags:
+            known = [v for v in _flat_outputs([list(args), list(kwargs.values())]) if isinstance(v, HostValue)]
+            if all(v.index in self.host_constants for v in known) and out.meta.numel() * out.meta.element_size() \
+                    <= _MAX_CONSTANT_BYTES:
+                self.host_constants[out.index] = target(*_host_constant_args(args, self.host_constants),
+                                                        **_host_constant_args(kwargs, self.host_constants))
         if s.writes:
             self.host_mutations.append(record)
         else:
@@ -279,16 +294,19 @@ class Plan:
             if target is operator.getitem:
                 return args[0][args[1]]
             return self._python(target, args, kwargs)
+        if target is torch.ops.prims.device_put.default and isinstance(args[0], (Value, HostValue)):
+            device = torch.device(args[1] if len(args) > 1 else kwargs["device"])
+            if isinstance(args[0], HostValue) and device.type == "tpu" and args[0].index in self.host_constants:
+                return self._literal(self.host_constants[args[0].index], "a CPU tensor moved to the device")
+            if isinstance(args[0], Value):
+                if device.type != "tpu":
+                    raise Unsupported(f"a copy of a tpu value to {device}")
+                # A constant moved to the device (`torch.tensor([...]).to(x.device)`): a tpu value already.
+                return self._lowered(aten.clone.default, registry.get(aten.clone.default), False, [args[0]], {})
         flat = _flat_outputs([list(args), list(kwargs.values())])
         on_host = any(isinstance(v, HostValue) for v in flat)
         if (on_host and not any(isinstance(v, Value) for v in flat)) or _host_factory(kwargs):
             return self._host_call(target, args, kwargs)
-        if target is torch.ops.prims.device_put.default and isinstance(args[0], Value):
-            device = torch.device(args[1] if len(args) > 1 else kwargs["device"])
-            if device.type != "tpu":
-                raise Unsupported(f"a copy of a tpu value to {device}")
-            # A constant moved to the device (`torch.tensor([...]).to(x.device)`): a tpu value already.
-            return self._lowered(aten.clone.default, registry.get(aten.clone.default), False, [args[0]], {})
         if target in EMPTY:
             meta = target(*_metas(args), **_metas(kwargs))
             slot = self._new_slot(meta.dtype, meta.untyped_storage().nbytes())
@@ -489,6 +507,17 @@ class Plan:
         for step in self.host_mutations:
             step.run(env)
         return env, scalars
+
+
+def _host_constant_args(obj, constants):
+    """A constant host step's arguments with its host values replaced by their values."""
+    if isinstance(obj, HostValue):
+        return constants[obj.index]
+    if isinstance(obj, (list, tuple)):
+        return _same_kind(obj, [_host_constant_args(o, constants) for o in obj])
+    if isinstance(obj, dict):
+        return {k: _host_constant_args(v, constants) for k, v in obj.items()}
+    return obj
 
 
 def _host_factory(kwargs) -> bool:
