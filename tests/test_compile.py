@@ -576,3 +576,21 @@ def test_saved_non_dense_views_keep_their_traced_strides():
     for p, q in zip(proj.parameters(), tpu_proj.parameters()):
         torch.testing.assert_close(q.grad.cpu(), p.grad, atol=1e-4, rtol=1e-4)
     torch._dynamo.reset()
+
+
+def test_composite_ops_eager_decomposes_plan_whole():
+    """Ops eager runs through a composite kernel but graphs keep whole (logcumsumexp, one_hot) plan
+    into the program."""
+    torch_tpu.compile.register()
+    torch._dynamo.reset()
+    stats = torch_tpu.compile.stats
+    stats.reset()
+
+    def fn(x):
+        return torch.logcumsumexp(x, 1) + torch.nn.functional.one_hot(x.argmax(1), 8)[:, :, None].float().sum(-1)
+
+    x = torch.randn(4, 8)
+    got = torch.compile(fn, backend="tpu")(x.to("tpu"))
+    torch.testing.assert_close(got.cpu(), fn(x))
+    assert stats.eager_graphs == 0 and stats.plans == 1, stats.as_dict()
+    torch._dynamo.reset()

@@ -300,7 +300,7 @@ def cummin(x, dim):
     return _scan_select(x, dim, lambda new, cur: (new <= cur) | _isnan(new))
 
 
-@lowers(aten._logcumsumexp.default)
+@lowers(aten._logcumsumexp.default, aten.logcumsumexp.default)  # the public op: whole in compiled graphs
 def logcumsumexp(x, dim):
     rank = max(x.ndim, 1)
     if not -rank <= dim < rank:  # PyTorch's meta kernel does not check it
