@@ -594,3 +594,36 @@ def test_composite_ops_eager_decomposes_plan_whole():
     torch.testing.assert_close(got.cpu(), fn(x))
     assert stats.eager_graphs == 0 and stats.plans == 1, stats.as_dict()
     torch._dynamo.reset()
+
+
+def test_linalg_error_checks_plan_whole_and_raise_pytorchs_error():
+    """linalg ops that check their info put an effect (`with_effects(_linalg_check_errors)`) into the
+    graph: it plans into the program as a value check, and a failure raises PyTorch's own error (type and
+    message, batch element included) at the next materialization point."""
+    torch_tpu.compile.register()
+    torch._dynamo.reset()
+    stats = torch_tpu.compile.stats
+    stats.reset()
+
+    def fn(a, b):
+        return torch.linalg.solve(a, b) * 2, torch.linalg.inv(a)
+
+    a = torch.randn(2, 4, 4) + 4 * torch.eye(4)
+    b = torch.randn(2, 4, 3)
+    compiled = torch.compile(fn, backend="tpu")
+    got = compiled(a.to("tpu"), b.to("tpu"))
+    for g, want in zip(got, fn(a, b)):
+        torch.testing.assert_close(g.cpu(), want)
+    assert stats.eager_graphs == 0 and stats.plans == 1, stats.as_dict()
+
+    singular = a.clone()
+    singular[1] = 0
+    with pytest.raises(torch.linalg.LinAlgError) as cpu_error:
+        fn(singular, b)
+    got = compiled(singular.to("tpu"), b.to("tpu"))  # no error yet: checked when a value is read
+    with pytest.raises(torch.linalg.LinAlgError) as tpu_error:
+        got[0].cpu()
+    assert str(cpu_error.value) in str(tpu_error.value)
+    assert "(Batch element 1)" in str(tpu_error.value)
+    assert stats.eager_graphs == 0, stats.as_dict()
+    torch._dynamo.reset()

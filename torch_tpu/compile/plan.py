@@ -24,7 +24,7 @@ import torch
 from torch_tpu.eager import opspec
 from torch_tpu.eager import program as program_mod
 from torch_tpu.eager.opspec import Arg
-from torch_tpu.ops import registry
+from torch_tpu.ops import checks, registry
 from torch_tpu.runtime import dtypes, strided
 
 aten = torch.ops.aten
@@ -290,6 +290,8 @@ class Plan:
         return out
 
     def _call(self, target, args, kwargs):
+        if target is torch.ops.higher_order.with_effects:
+            return self._with_effects(*args, **kwargs)
         if not isinstance(target, torch._ops.OpOverload):
             if target is operator.getitem:
                 return args[0][args[1]]
@@ -347,6 +349,17 @@ class Plan:
         out_kwargs = {k: v for k, v in kwargs.items() if k in names}
         out_kwargs["out"] = Value(slot, meta)
         return self._lowered(out_variant, registry.get(out_variant), False, args, out_kwargs)
+
+    def _with_effects(self, token, op, *args, **kwargs):
+        """An op AOTAutograd orders by an effect token (a placeholder threaded through the graph, None at
+        run time): the op becomes a step like any other and the token passes through. Our steps run in graph
+        order inside one program, which is the order the token asks for. Only ops whose effect is a
+        check of values are planned (`_linalg_check_errors`: its error is the step's value check)."""
+        if not (token is None or isinstance(token, HostValue)) or not (isinstance(op, torch._ops.OpOverload)
+                and registry.get(op) is not None and checks.declares(registry.get(op).fn)):
+            raise Unsupported(f"the effectful op {op} (with_effects)")
+        result = self._call(op, list(args), kwargs)
+        return (token,) if result is None else (token, *(result if isinstance(result, tuple) else (result,)))
 
     def _python(self, target, args, kwargs):
         """A node computing metadata (SymInt arithmetic, sym_size): evaluated now, on meta tensors."""

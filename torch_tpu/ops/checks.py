@@ -25,9 +25,9 @@ checking flags or raising (eager/valuecheck.py), which lowerings check (the
 from __future__ import annotations
 
 import contextlib
-import threading
-
 import struct
+import threading
+import zlib
 
 import jax
 import jax.numpy as jnp
@@ -55,6 +55,10 @@ ERRORS = {
 INDEX_IN_SELF, INDEX_BOUNDS, GATHER_BOUNDS, TARGET, TAKE = 1, 2, 3, 4, 5
 MULTINOMIAL_INVALID, MULTINOMIAL_SUM, BERNOULLI, ONE_HOT_BIG, ONE_HOT_NEGATIVE = 6, 7, 8, 9, 10
 INDEX_COPY, EMBEDDING_BAG, BERNOULLI_FLOAT, UNIFORM_RANGE = 11, 12, 13, 14
+# PyTorch's `_linalg_check_errors` (a LAPACK-style info != 0): the exception is PyTorch's own, made by
+# that op on the host from the flag (`linalg_api` names the API; see `_linalg_error`).
+LINALG = 15
+_linalg_apis: dict[int, str] = {}
 
 _state = threading.local()
 
@@ -113,6 +117,28 @@ def float_bits(x):
     return jax.lax.bitcast_convert_type(jnp.asarray(x, jnp.float64), jnp.int64)
 
 
+def linalg_api(api_name: str, is_matrix: bool) -> int:
+    """A flag's `size` field for `_linalg_check_errors(info, api_name, is_matrix=...)`: a hash of the name
+    (remembered here, so a process that plans the graph can name it again) and the is_matrix bit."""
+    code = zlib.crc32(api_name.encode()) & 0x3FFFFFFF
+    _linalg_apis[code] = api_name
+    return code * 2 + int(is_matrix)
+
+
+def _linalg_error(info: int, index: int, api: int) -> Exception | None:
+    """PyTorch's exception for the first nonzero info (`index`: its position among the batch's infos)."""
+    import torch
+
+    is_matrix = bool(api & 1)
+    infos = torch.zeros(() if is_matrix else (index + 1,), dtype=torch.int32)
+    infos.view(-1)[-1] = info
+    try:
+        torch.ops.aten._linalg_check_errors(infos, _linalg_apis.get(api >> 1, "torch.linalg"), is_matrix=is_matrix)
+    except Exception as err:  # noqa: BLE001  (the exception is the result)
+        return err
+    return None
+
+
 def combine(flags: list):
     """One flag for a program: the first failed check's, or zeros."""
     out = jnp.zeros((FLAG_SIZE,), jnp.int64)
@@ -126,6 +152,8 @@ def error(flag) -> Exception | None:
     code, value, dim, size = (int(v) for v in flag)
     if code == 0:
         return None
+    if code == LINALG:
+        return _linalg_error(value, dim, size)
     kind, template = ERRORS.get(code, (RuntimeError, "value check {value} failed"))
     def as_float(bits):  # a value carried by float_bits
         return struct.unpack("<d", struct.pack("<q", bits))[0]

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import jax.scipy.linalg as jsl
 from jax import lax
 
+from torch_tpu.ops import checks
 from torch_tpu.ops.linalg import _matmul
 from torch_tpu.ops.registry import aten, lowers
 
@@ -177,6 +178,18 @@ def _lu_solve(lu, permutation, b, adjoint=False):
 def _is_vector_rhs(a, b):
     # PyTorch's rule (linalg_solve_is_vector_rhs).
     return b.ndim == 1 or (b.ndim == a.ndim - 1 and b.shape == a.shape[:-1])
+
+
+@lowers(aten._linalg_check_errors.default, eager=False)
+@checks.checked
+def linalg_check_errors(info, api_name, is_matrix):
+    """A compiled graph's check of a factorization's info (the effect AOTAutograd keeps in its graph):
+    PyTorch's error at the next materialization point. Eager keeps PyTorch's own kernel, which reads
+    the info at the call."""
+    flat = info.reshape(-1)
+    checks.require(flat == 0, checks.LINALG, value=flat, dim=jnp.argmax(flat != 0),
+                   size=checks.linalg_api(api_name, is_matrix))
+    return ()
 
 
 @lowers(aten._linalg_solve_ex.default)
