@@ -102,13 +102,16 @@ def masked_select(x, mask):
 
 
 # ---------------------------------------------------------------- boolean-mask and CPU-index indexing
+_MASK_DTYPES = (torch.bool, torch.uint8)  # index tensors PyTorch reads as masks (uint8: deprecated, still accepted)
+
+
 def _mask_position(indices):
     """(position, mask) if the indices are one boolean mask after full slices, else None."""
     found = None
     for position, index in enumerate(indices):
         if index is None:
             continue
-        if found is not None or index.dtype not in (torch.bool, torch.uint8):
+        if found is not None or index.dtype not in _MASK_DTYPES:
             return None
         found = (position, index)
     return found
@@ -123,7 +126,7 @@ def _long_indices(x: torch.Tensor, indices) -> list:
             continue
         if index.device != x.device:  # PyTorch accepts CPU index tensors for device tensors
             index = index.to(x.device)
-        if index.dtype in (torch.bool, torch.uint8):
+        if index.dtype in _MASK_DTYPES:
             out.extend(nonzero(index.bool()).unbind(1))
         else:
             out.append(index)
@@ -139,7 +142,7 @@ def _index_arguments(x, indices):
 
 
 def _has_mask(indices) -> bool:
-    return any(i is not None and i.dtype in (torch.bool, torch.uint8) for i in indices)
+    return any(i is not None and i.dtype in _MASK_DTYPES for i in indices)
 
 
 # Whether a call's shapes depend on values (a torch.compile graph holding one runs in eager,
