@@ -627,3 +627,51 @@ def test_linalg_error_checks_plan_whole_and_raise_pytorchs_error():
     assert "(Batch element 1)" in str(tpu_error.value)
     assert stats.eager_graphs == 0, stats.as_dict()
     torch._dynamo.reset()
+
+
+class _CondModel(torch.nn.Module):
+    """torch.cond on a tpu predicate, nested in one branch, with a parameter read in the other."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(5, 5)
+
+    def forward(self, x):
+        def positive(x):
+            return self.lin(x).relu(), x.clone()
+
+        def other(x):
+            inner = torch.cond(x.mean() > 0, lambda a: (a * 3, a[:, :2].sum(1, keepdim=True).expand(-1, 5).contiguous()),
+                               lambda a: (a.t().t() - 1, a.clone()), (x,))
+            return inner[0] + 1, inner[1]
+
+        return torch.cond(x.sum() > 0, positive, other, (x,))
+
+
+def test_cond_plans_whole_forward_and_backward():
+    """torch.cond runs as one lax.cond step of the program (only the taken branch runs); its backward
+    graph (a cond too) as well: results and gradients match CPU for each branch taken."""
+    torch_tpu.compile.register()
+    torch._dynamo.reset()
+    stats = torch_tpu.compile.stats
+    stats.reset()
+    torch.manual_seed(0)
+    cpu = _CondModel()
+    tpu = _CondModel()
+    tpu.load_state_dict(cpu.state_dict())
+    tpu.to(TPU)
+    compiled = torch.compile(tpu, backend="tpu")
+    for x in (torch.randn(4, 5).abs(), -torch.randn(4, 5).abs(), torch.randn(4, 5) - 0.1):  # each branch
+        want_x, got_x = x.clone().requires_grad_(), x.to(TPU).requires_grad_()
+        want, got = cpu(want_x), compiled(got_x)
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g.cpu(), w)
+        (want[0].sum() + want[1].pow(2).sum()).backward()
+        (got[0].sum() + got[1].pow(2).sum()).backward()
+        torch.testing.assert_close(got_x.grad.cpu(), want_x.grad)
+        for p, q in zip(tpu.parameters(), cpu.parameters()):
+            torch.testing.assert_close(p.grad.cpu(), q.grad)
+        cpu.zero_grad()
+        tpu.zero_grad()
+    assert stats.eager_graphs == 0 and stats.plans >= 2, stats.as_dict()
+    torch._dynamo.reset()

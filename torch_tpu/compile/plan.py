@@ -214,6 +214,8 @@ class Plan:
         value = gm
         for name in target.split("."):
             value = getattr(value, name, None)
+        if isinstance(value, torch.fx.GraphModule):
+            return value  # a subgraph of a higher-order op (torch.cond's branches)
         if not isinstance(value, torch.Tensor) or value.is_sparse or value.is_quantized:
             raise Unsupported(f"graph attribute {target}")
         return self._literal(value, f"graph attribute {target}")
@@ -292,6 +294,8 @@ class Plan:
     def _call(self, target, args, kwargs):
         if target is torch.ops.higher_order.with_effects:
             return self._with_effects(*args, **kwargs)
+        if target is torch.ops.higher_order.cond:
+            return self._cond(*args, **kwargs)
         if not isinstance(target, torch._ops.OpOverload):
             if target is operator.getitem:
                 return args[0][args[1]]
@@ -360,6 +364,35 @@ class Plan:
             raise Unsupported(f"the effectful op {op} (with_effects)")
         result = self._call(op, list(args), kwargs)
         return (token,) if result is None else (token, *(result if isinstance(result, tuple) else (result,)))
+
+    def _cond(self, pred, true_graph, false_graph, operands):
+        """torch.cond: each branch planned as a subgraph over the operands' slots, the two run by one
+        `lax.cond` step (a branch's steps are traced inside it, so only the taken one runs)."""
+        if not isinstance(pred, Value) or pred.meta.numel() != 1:
+            raise Unsupported("torch.cond on a predicate that is not a tpu value")
+        if not all(isinstance(o, Value) for o in operands):
+            raise Unsupported("torch.cond with an operand that is not a tpu value")
+        slots = list(dict.fromkeys(o.slot for o in operands))
+        entries = []
+        for o in operands:
+            shape, stride = tuple(o.meta.shape), tuple(o.meta.stride())
+            if not all(isinstance(x, int) for x in (*shape, *stride)):
+                raise Unsupported("torch.cond with symbolic shapes")
+            entries.append((_TENSOR, o.meta.dtype, shape, stride, o.meta.storage_offset(), slots.index(o.slot),
+                            *self.slot_layout[o.slot], True))
+        branches = [Plan(graph, (tuple(entries), self.device), self.level) for graph in (true_graph, false_graph)]
+        results = [_branch_results(branch, operands, slots) for branch in branches]
+        if any(b.n_rng or b.n_host or b.mutated or any(step.prog.checks for step in b.steps) for b in branches) \
+                or None in results:
+            raise Unsupported("a torch.cond branch with random ops, CPU values, mutations or value checks")
+        layouts = [(dtype, sizes) for _, dtype, sizes, _, _ in results[0]]
+        if layouts != [(dtype, sizes) for _, dtype, sizes, _, _ in results[1]]:
+            raise Unsupported("torch.cond branches with different results")
+        fresh = [self._new_slot(dtype, _numel(sizes) * dtype.itemsize) for dtype, sizes in layouts]
+        step = _Cond(pred.meta, branches, results)
+        self.steps.append(Step(step, [pred.slot, *slots], (), None, fresh, []))
+        return tuple(Value(slot, torch.empty(sizes, dtype=dtype, device="meta"))
+                     for slot, (dtype, sizes) in zip(fresh, layouts))
 
     def _python(self, target, args, kwargs):
         """A node computing metadata (SymInt arithmetic, sym_size): evaluated now, on meta tensors."""
@@ -468,35 +501,18 @@ class Plan:
         """The traced function: (donated buffers, [*kept buffers, rng words, host scalars]) -> (outputs, mutated
         inputs' buffers). Two flat lists in and out: the calling form the compile cache's loaded executables
         run without pytree work (cache/executable.py)."""
-        layout = [(dtypes.to_jax(dtype), nbytes // dtype.itemsize) for dtype, nbytes in self.slot_layout]
         read_slots = [s for s in self.input_slots if s not in self.unwritten]
         donated_slots = [s for s in read_slots if s in set(self.mutated)]
         kept_slots = [s for s in read_slots if s not in set(self.mutated)]
 
         def graph(donated, rest):
             kept, rng, host = rest[:-2], rest[-2], rest[-1]
-            bufs = [None] * len(layout)
+            bufs = [None] * len(self.slot_layout)
             for s, array in zip(donated_slots, donated):
                 bufs[s] = array
             for s, array in zip(kept_slots, kept):
                 bufs[s] = array
-            for s in (*self.unwritten, *self.zero_slots):
-                bufs[s] = jnp.zeros((layout[s][1],), layout[s][0])
-            for s, values in self.constant_slots.items():
-                bufs[s] = jnp.asarray(values, layout[s][0])
-            flags = []
-            for step in self.steps:
-                scalars = [host[v.k] if isinstance(v, HostRef) else v for v in step.scalars]
-                if step.rng is not None:
-                    scalars.extend(_rng_words(rng, step.rng))
-                fresh, updated = step.prog.trace([bufs[s] for s in step.inputs], scalars)
-                if step.prog.checks:  # a value-checked op: its error flag follows its updated slots
-                    flags.append(updated[-1])
-                    updated = updated[:-1]
-                for s, array in zip(step.fresh, fresh):
-                    bufs[s] = array
-                for s, array in zip(step.updated, updated):
-                    bufs[s] = array
+            flags = self._run_steps(bufs, rng, host)
             outs = []
             for out in self.outputs:
                 if out[0] != "t":
@@ -509,6 +525,28 @@ class Plan:
 
         return graph, donated_slots, kept_slots
 
+    def _run_steps(self, bufs: list, rng, host) -> list:
+        """Trace the steps over `bufs` (the input slots filled; the rest filled here): the checked steps' flags."""
+        for s in (*self.unwritten, *self.zero_slots):
+            dtype, nbytes = self.slot_layout[s]
+            bufs[s] = jnp.zeros((nbytes // dtype.itemsize,), dtypes.to_jax(dtype))
+        for s, values in self.constant_slots.items():
+            bufs[s] = jnp.asarray(values, dtypes.to_jax(self.slot_layout[s][0]))
+        flags = []
+        for step in self.steps:
+            scalars = [host[v.k] if isinstance(v, HostRef) else v for v in step.scalars]
+            if step.rng is not None:
+                scalars.extend(_rng_words(rng, step.rng))
+            fresh, updated = step.prog.trace([bufs[s] for s in step.inputs], scalars)
+            if step.prog.checks:  # a value-checked op: its error flag follows its updated slots
+                flags.append(updated[-1])
+                updated = updated[:-1]
+            for s, array in zip(step.fresh, fresh):
+                bufs[s] = array
+            for s, array in zip(step.updated, updated):
+                bufs[s] = array
+        return flags
+
     def run_host(self, args) -> tuple[list, list]:
         """The host steps on this call's CPU arguments: (host values, the program's host scalars)."""
         env = [None] * self.n_host
@@ -520,6 +558,68 @@ class Plan:
         for step in self.host_mutations:
             step.run(env)
         return env, scalars
+
+
+def _numel(sizes) -> int:
+    n = 1
+    for size in sizes:
+        n *= size
+    return n
+
+
+def _branch_results(branch: Plan, operands, slots) -> list | None:
+    """How a torch.cond branch's results are read: (slot source, dtype, sizes, strides, offset) each, the
+    source ("slot", branch slot) or ("operand", index among `slots`); None if one is neither."""
+    results = []
+    for out in branch.outputs:
+        if out[0] == "t":
+            _, slot, (dtype, sizes, strides, offset), _ = out
+            results.append((("slot", slot), dtype, sizes, strides, offset))
+        elif out[0] == "alias":  # an operand returned (or a view of one)
+            _, position, sizes, strides, offset = out
+            results.append((("operand", slots.index(operands[position].slot)), operands[position].meta.dtype,
+                            sizes, strides, offset))
+        else:
+            return None
+    return results
+
+
+class _Cond:
+    """The step of a torch.cond: `lax.cond` over two planned branches (the part of an op program
+    `Plan.function` uses: `trace`, `checks`; `lowering` None: a graph holding one is not indexed by
+    signature, whose code hash does not cover the branches' code)."""
+
+    checks = False
+    lowering = None
+
+    def __init__(self, pred: torch.Tensor, branches: list, results: list):
+        self.pred = (tuple(pred.shape), tuple(pred.stride()), pred.storage_offset(), pred.dtype)
+        self.branches = branches
+        self.results = results
+
+    def trace(self, inputs, scalars):
+        from jax import lax
+
+        sizes, strides, offset, dtype = self.pred
+        pred = strided.read(strided.reinterpret(inputs[0], dtypes.to_jax(dtype)), sizes, strides, offset)
+
+        def run(branch, results):
+            def fn(operands):
+                bufs = [None] * len(branch.slot_layout)
+                for s, array in zip(branch.input_slots, operands):
+                    bufs[s] = array
+                branch._run_steps(bufs, None, None)
+                outs = []
+                for (kind, where), dtype, sizes, strides, offset in results:
+                    buf = bufs[where] if kind == "slot" else operands[where]
+                    value = strided.read(strided.reinterpret(buf, dtypes.to_jax(dtype)), sizes, strides, offset)
+                    outs.append(value.reshape(-1))  # the fresh slot: dense, row-major
+                return outs
+            return fn
+
+        fresh = lax.cond(pred.reshape(()).astype(bool), *(run(b, r) for b, r in zip(self.branches, self.results)),
+                         list(inputs[1:]))
+        return fresh, []
 
 
 def _host_constant_args(obj, constants):
