@@ -675,3 +675,54 @@ def test_cond_plans_whole_forward_and_backward():
         tpu.zero_grad()
     assert stats.eager_graphs == 0 and stats.plans >= 2, stats.as_dict()
     torch._dynamo.reset()
+
+
+def test_while_loop_plans_whole():
+    """torch.while_loop runs as one lax.while_loop step: the carried values (an int64 counter, a view
+    at a storage offset) and an additional input (a transposed weight) read inside the body."""
+    torch_tpu.compile.register()
+    torch._dynamo.reset()
+    stats = torch_tpu.compile.stats
+    stats.reset()
+
+    def fn(x, w):
+        wt = w.t()
+
+        def cond(i, y):
+            return (i < 5) & (y.abs().sum() > 0)
+
+        def body(i, y):
+            return i + 1, (y @ wt).tanh()
+
+        i, y = torch.while_loop(cond, body, (torch.zeros((), dtype=torch.int64, device=x.device), x[1:]))
+        return y * 2, i
+
+    x, w = torch.randn(5, 4), torch.randn(4, 4) * 0.5
+    got = torch.compile(fn, backend="tpu")(x.to(TPU), w.to(TPU))
+    for g, want in zip(got, fn(x, w)):
+        torch.testing.assert_close(g.cpu(), want)
+    assert stats.eager_graphs == 0 and stats.plans == 1, stats.as_dict()
+    torch._dynamo.reset()
+
+
+def test_other_higher_order_ops_run_op_by_op():
+    """A higher-order op the plan does not take (a nested compile region's invoke_subgraph) runs the
+    graph op by op in eager, with the same results as CPU."""
+    torch_tpu.compile.register()
+    torch._dynamo.reset()
+    stats = torch_tpu.compile.stats
+    stats.reset()
+
+    @torch.compiler.nested_compile_region
+    def region(x):
+        return x.sin() * 2
+
+    def fn(x):
+        return region(x) + region(x + 1)
+
+    x = torch.randn(3, 4)
+    with pytest.warns(UserWarning, match="higher-order op"):
+        got = torch.compile(fn, backend="tpu")(x.to(TPU))
+    torch.testing.assert_close(got.cpu(), fn(x))
+    assert stats.eager_graphs == 1, stats.as_dict()
+    torch._dynamo.reset()

@@ -296,6 +296,8 @@ class Plan:
             return self._with_effects(*args, **kwargs)
         if target is torch.ops.higher_order.cond:
             return self._cond(*args, **kwargs)
+        if target is torch.ops.higher_order.while_loop:
+            return self._while_loop(*args, **kwargs)
         if not isinstance(target, torch._ops.OpOverload):
             if target is operator.getitem:
                 return args[0][args[1]]
@@ -370,32 +372,75 @@ class Plan:
         `lax.cond` step (a branch's steps are traced inside it, so only the taken one runs)."""
         if not isinstance(pred, Value) or pred.meta.numel() != 1:
             raise Unsupported("torch.cond on a predicate that is not a tpu value")
-        if not all(isinstance(o, Value) for o in operands):
-            raise Unsupported("torch.cond with an operand that is not a tpu value")
-        slots = list(dict.fromkeys(o.slot for o in operands))
-        entries = []
-        for o in operands:
-            shape, stride = tuple(o.meta.shape), tuple(o.meta.stride())
-            if not all(isinstance(x, int) for x in (*shape, *stride)):
-                raise Unsupported("torch.cond with symbolic shapes")
-            entries.append((_TENSOR, o.meta.dtype, shape, stride, o.meta.storage_offset(), slots.index(o.slot),
-                            *self.slot_layout[o.slot], True))
-        branches = [Plan(graph, (tuple(entries), self.device), self.level) for graph in (true_graph, false_graph)]
-        results = [_branch_results(branch, operands, slots) for branch in branches]
-        if any(b.n_rng or b.n_host or b.mutated or any(step.prog.checks for step in b.steps) for b in branches) \
-                or None in results:
-            raise Unsupported("a torch.cond branch with random ops, CPU values, mutations or value checks")
-        layouts = [(dtype, sizes) for _, dtype, sizes, _, _ in results[0]]
-        if layouts != [(dtype, sizes) for _, dtype, sizes, _, _ in results[1]]:
+        slots = self._operand_slots(operands)
+        buffer_of = [slots.index(o.slot) for o in operands]
+        layouts = [self.slot_layout[slot] for slot in slots]
+        branches = [self._subgraph(graph, operands, buffer_of, layouts) for graph in (true_graph, false_graph)]
+        results = [[(dtype, sizes) for _, dtype, sizes, _, _ in reads] for _, reads in branches]
+        if results[0] != results[1]:
             raise Unsupported("torch.cond branches with different results")
+        return self._subgraph_step(_Cond(_read_of(pred.meta), branches), [pred.slot, *slots], results[0])
+
+    def _while_loop(self, cond_graph, body_graph, carried, additional):
+        """torch.while_loop: the condition and the body planned as subgraphs over the carried values (each
+        a dense buffer of its own) and the additional inputs' slots, run by one `lax.while_loop` step."""
+        carried, additional = list(carried), list(additional)
+        slots = self._operand_slots(carried + additional)
+        extra = list(dict.fromkeys(o.slot for o in additional))
+        buffer_of = list(range(len(carried))) + [len(carried) + extra.index(o.slot) for o in additional]
+        dense = [torch.empty(tuple(c.meta.shape), dtype=c.meta.dtype, device="meta") for c in carried]
+        layouts = [(m.dtype, m.numel() * m.dtype.itemsize) for m in dense] + [self.slot_layout[s] for s in extra]
+        operands = [Value(-1, m) for m in dense] + additional
+        condition = self._subgraph(cond_graph, operands, buffer_of, layouts)
+        body = self._subgraph(body_graph, operands, buffer_of, layouts)
+        carried_layouts = [(m.dtype, tuple(m.shape)) for m in dense]
+        if [(dtype, sizes) for _, dtype, sizes, _, _ in body[1]] != carried_layouts or len(condition[1]) != 1 \
+                or condition[1][0][2] not in ((), (1,)):
+            raise Unsupported("a torch.while_loop whose body or condition results do not fit its carried values")
+        initial = [(slots.index(c.slot), _read_of(c.meta)) for c in carried]
+        step = _WhileLoop(condition, body, initial, [slots.index(s) for s in extra])
+        return self._subgraph_step(step, slots, carried_layouts)
+
+    def _operand_slots(self, operands) -> list:
+        """The distinct slots of a higher-order op's operands, in order (each must be a tpu value)."""
+        for o in operands:
+            if not isinstance(o, Value):
+                raise Unsupported("a higher-order op with an operand that is not a tpu value")
+            if not all(isinstance(x, int) for x in (*o.meta.shape, *o.meta.stride())):
+                raise Unsupported("a higher-order op with symbolic shapes")
+        return list(dict.fromkeys(o.slot for o in operands))
+
+    def _subgraph(self, graph, operands, buffer_of, layouts):
+        """(plan, reads): `graph` planned over buffers, operand i viewing buffer `buffer_of[i]` (of
+        (dtype, nbytes) `layouts[j]`); reads: how each result is read (see `_run_subgraph`)."""
+        entries = tuple((_TENSOR, o.meta.dtype, tuple(o.meta.shape), tuple(o.meta.stride()), o.meta.storage_offset(),
+                         buffer_of[i], *layouts[buffer_of[i]], True) for i, o in enumerate(operands))
+        plan = Plan(graph, (entries, self.device), self.level)
+        if plan.n_rng or plan.n_host or plan.mutated or any(step.prog.checks for step in plan.steps):
+            raise Unsupported("a higher-order op's subgraph with random ops, CPU values, mutations or value checks")
+        reads = []
+        for out in plan.outputs:
+            if out[0] == "t":
+                _, slot, (dtype, sizes, strides, offset), _ = out
+                reads.append((("slot", slot), dtype, sizes, strides, offset))
+            elif out[0] == "alias":  # an operand returned (or a view of one)
+                _, position, sizes, strides, offset = out
+                reads.append((("buffer", buffer_of[position]), operands[position].meta.dtype, sizes, strides, offset))
+            else:
+                raise Unsupported("a higher-order op's subgraph returning a value that is not a tpu tensor")
+        return plan, reads
+
+    def _subgraph_step(self, step, inputs: list, layouts: list) -> tuple:
+        """Add a higher-order op's step reading `inputs` (slots); its results: dense values of `layouts`."""
         fresh = [self._new_slot(dtype, _numel(sizes) * dtype.itemsize) for dtype, sizes in layouts]
-        step = _Cond(pred.meta, branches, results)
-        self.steps.append(Step(step, [pred.slot, *slots], (), None, fresh, []))
+        self.steps.append(Step(step, inputs, (), None, fresh, []))
         return tuple(Value(slot, torch.empty(sizes, dtype=dtype, device="meta"))
                      for slot, (dtype, sizes) in zip(fresh, layouts))
 
     def _python(self, target, args, kwargs):
         """A node computing metadata (SymInt arithmetic, sym_size): evaluated now, on meta tensors."""
+        if isinstance(target, torch._ops.HigherOrderOperator):
+            raise Unsupported(f"the higher-order op {target.name()}")
         result = target(*_metas(args), **_metas(kwargs))
         if isinstance(result, torch.Tensor):
             raise Unsupported(f"{target} computes a tensor outside the lowering table")
@@ -567,59 +612,68 @@ def _numel(sizes) -> int:
     return n
 
 
-def _branch_results(branch: Plan, operands, slots) -> list | None:
-    """How a torch.cond branch's results are read: (slot source, dtype, sizes, strides, offset) each, the
-    source ("slot", branch slot) or ("operand", index among `slots`); None if one is neither."""
-    results = []
-    for out in branch.outputs:
-        if out[0] == "t":
-            _, slot, (dtype, sizes, strides, offset), _ = out
-            results.append((("slot", slot), dtype, sizes, strides, offset))
-        elif out[0] == "alias":  # an operand returned (or a view of one)
-            _, position, sizes, strides, offset = out
-            results.append((("operand", slots.index(operands[position].slot)), operands[position].meta.dtype,
-                            sizes, strides, offset))
-        else:
-            return None
-    return results
+def _read_of(meta: torch.Tensor) -> tuple:
+    """(sizes, strides, offset, dtype): how a value is read from its slot's buffer."""
+    return tuple(meta.shape), tuple(meta.stride()), meta.storage_offset(), meta.dtype
+
+
+def _read(buf, read: tuple):
+    sizes, strides, offset, dtype = read
+    return strided.read(strided.reinterpret(buf, dtypes.to_jax(dtype)), sizes, strides, offset)
+
+
+def _run_subgraph(subgraph: tuple, buffers: list) -> list:
+    """Trace a planned subgraph (`Plan._subgraph`) over its input buffers: its results, each dense and flat."""
+    plan, reads = subgraph
+    bufs = [None] * len(plan.slot_layout)
+    for s, array in zip(plan.input_slots, buffers):
+        bufs[s] = array
+    plan._run_steps(bufs, None, None)
+    return [_read(bufs[where] if kind == "slot" else buffers[where], (sizes, strides, offset, dtype)).reshape(-1)
+            for (kind, where), dtype, sizes, strides, offset in reads]
 
 
 class _Cond:
-    """The step of a torch.cond: `lax.cond` over two planned branches (the part of an op program
-    `Plan.function` uses: `trace`, `checks`; `lowering` None: a graph holding one is not indexed by
-    signature, whose code hash does not cover the branches' code)."""
+    """The step of a torch.cond: `lax.cond` over two planned branches. It has the part of an op program
+    `Plan.function` uses (`trace`, `checks`); `lowering` None: a graph holding one is not indexed by
+    signature, whose code hash does not cover the subgraphs' code."""
 
     checks = False
     lowering = None
 
-    def __init__(self, pred: torch.Tensor, branches: list, results: list):
-        self.pred = (tuple(pred.shape), tuple(pred.stride()), pred.storage_offset(), pred.dtype)
-        self.branches = branches
-        self.results = results
+    def __init__(self, pred: tuple, branches: list):
+        self.pred, self.branches = pred, branches
 
     def trace(self, inputs, scalars):
         from jax import lax
 
-        sizes, strides, offset, dtype = self.pred
-        pred = strided.read(strided.reinterpret(inputs[0], dtypes.to_jax(dtype)), sizes, strides, offset)
+        pred = _read(inputs[0], self.pred).reshape(()).astype(bool)
+        true_fn, false_fn = (lambda operands, b=b: _run_subgraph(b, operands) for b in self.branches)
+        return lax.cond(pred, true_fn, false_fn, list(inputs[1:])), []
 
-        def run(branch, results):
-            def fn(operands):
-                bufs = [None] * len(branch.slot_layout)
-                for s, array in zip(branch.input_slots, operands):
-                    bufs[s] = array
-                branch._run_steps(bufs, None, None)
-                outs = []
-                for (kind, where), dtype, sizes, strides, offset in results:
-                    buf = bufs[where] if kind == "slot" else operands[where]
-                    value = strided.read(strided.reinterpret(buf, dtypes.to_jax(dtype)), sizes, strides, offset)
-                    outs.append(value.reshape(-1))  # the fresh slot: dense, row-major
-                return outs
-            return fn
 
-        fresh = lax.cond(pred.reshape(()).astype(bool), *(run(b, r) for b, r in zip(self.branches, self.results)),
-                         list(inputs[1:]))
-        return fresh, []
+class _WhileLoop:
+    """The step of a torch.while_loop: `lax.while_loop` over the carried values (dense buffers), the
+    planned condition and body reading them and the additional inputs (see `_Cond`)."""
+
+    checks = False
+    lowering = None
+
+    def __init__(self, condition: tuple, body: tuple, initial: list, extra: list):
+        self.condition, self.body = condition, body
+        self.initial = initial  # per carried value: (input index, read)
+        self.extra = extra  # input index of each additional buffer
+
+    def trace(self, inputs, scalars):
+        from jax import lax
+
+        extra = [inputs[i] for i in self.extra]
+        carried = [_read(inputs[i], read).reshape(-1) for i, read in self.initial]
+
+        def condition(values):
+            return _run_subgraph(self.condition, [*values, *extra])[0].reshape(()).astype(bool)
+
+        return lax.while_loop(condition, lambda values: _run_subgraph(self.body, [*values, *extra]), carried), []
 
 
 def _host_constant_args(obj, constants):
