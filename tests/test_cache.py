@@ -481,3 +481,35 @@ def _check_direct_launches(xc, yc, expected, step):
     assert cache.stats()["l2"]["hits"] >= hits + 3  # loaded, not compiled
     torch.testing.assert_close(got, expected)
     assert len(launches) == 3 and all(isinstance(f, _native.DirectLaunch) for f in launches)
+
+
+@pytest.mark.one_mode
+def test_level_1_is_bounded(private_cache, monkeypatch):
+    """Past L1_LIMIT live programs the least recently used are dropped (live XLA:CPU executables hold
+    memory mappings, and a process past vm.max_map_count crashes): the tables stay bounded, mappings
+    stop growing, and a dropped signature runs again from the compile cache with the right values.
+    Strict only: DeferAndFuse keeps its fused programs in its own bounded table (defer._PLAN_LIMIT)."""
+    from torch_tpu.cache import levels
+    from torch_tpu.eager import executor
+
+    def maps():
+        with open("/proc/self/maps") as f:
+            return sum(1 for _ in f)
+
+    limit = 60
+    monkeypatch.setattr(levels, "L1_LIMIT", limit)
+    torch.tpu.synchronize()
+
+    def new_shapes(first, n):  # three programs per shape: ones, the product, the sum
+        for i in range(first, first + n):
+            assert (torch.ones(i, device="tpu") * 2).sum().item() == 2 * i
+
+    new_shapes(1000, limit)
+    before, evictions = maps(), cache.stats()["l1"]["evictions"]
+    new_shapes(2000, 2 * limit)  # 360 more executables; unbounded they held ~4 mappings each
+    assert len(executor.programs) <= limit and len(levels._l1) <= limit
+    assert cache.stats()["l1"]["evictions"] > evictions
+    assert maps() - before < limit, "the mappings grew with every new executable"
+    compiles = cache.stats()["compiles"]
+    new_shapes(1000, 3)  # dropped long ago: found in level 2, not compiled again
+    assert cache.stats()["compiles"] == compiles

@@ -83,6 +83,7 @@ class Stats:
     l1: LevelStats = field(default_factory=LevelStats)
     l2: LevelStats = field(default_factory=LevelStats)
     l3: LevelStats = field(default_factory=LevelStats)
+    l1_evictions: int = 0  # times level 1 dropped its least recently served quarter (L1_LIMIT)
     index_hits: int = 0  # program keys that named their executable (no tracing, no lowering)
     index_misses: int = 0
     compiles: int = 0
@@ -99,7 +100,12 @@ class Stats:
 _lock = threading.RLock()
 _settings = _from_config()
 _stats = Stats()
-_l1: dict[str, object] = {}  # executable key -> executable
+_l1: dict[str, object] = {}  # executable key -> executable, least recently served first
+# Level 1's size: every live XLA:CPU executable holds about 4 memory mappings of its own (code and
+# data), and a process past the kernel's vm.max_map_count (65530 by default) crashes in the next
+# mmap; a workload of ever new shapes (eager decoding without a static cache) reached it. The least
+# recently served executables beyond this many are dropped (a later miss loads them from level 2).
+L1_LIMIT = 4096
 _compile_seconds: dict[str, float] = {}  # executable key -> its compile time (for "saved")
 _indexed: set[str] = set()  # program keys recorded by this process
 _unsaved: set[str] = set()  # executable keys kept in level 1 only (never worth an index record)
@@ -265,11 +271,21 @@ def _load(fp: str, device, in_tree, out_tree, count_misses: bool = True):
     return None
 
 
+def _l1_put(fp: str, executable) -> None:
+    _l1.pop(fp, None)
+    _l1[fp] = executable
+    if len(_l1) > L1_LIMIT:
+        for old in list(_l1)[:len(_l1) - L1_LIMIT * 3 // 4]:  # a quarter at once: evictions stay rare
+            del _l1[old]
+        _stats.l1_evictions += 1
+
+
 def _l1_get(fp: str):
-    found = _l1.get(fp)
+    found = _l1.pop(fp, None)
     if found is None:
         _stats.l1.misses += 1
     else:
+        _l1[fp] = found  # now the most recently served
         _stats.l1.hits += 1
         _stats.l1.saved_seconds += _compile_seconds.get(fp, 0.0)
         reads = _reads.setdefault(fp, [0, None, 0.0])
@@ -337,7 +353,7 @@ def lookup(program_key: str, device, in_tree, out_tree):
         _indexed.add(program_key)
         if level == "l3":
             _write(program_key + ".idx", blob, remote=False)
-        _l1[fp] = result
+        _l1_put(fp, result)
         return result
 
 
@@ -364,7 +380,7 @@ def compile(lowered, device, program_key: str | None = None, options: tuple = ()
             _stats.process_bound += 1
             _unsaved.add(fp)
             result = _compile(lowered, fp, device, persist=False, options=options)
-            _l1[fp] = result
+            _l1_put(fp, result)
             return result
         result = _load(fp, device, in_tree, out_tree) if _settings.enabled else None
         if result is None:
@@ -382,7 +398,7 @@ def compile(lowered, device, program_key: str | None = None, options: tuple = ()
                     _stats.lock_timeouts += 1
                 if result is None:
                     result = _compile(lowered, fp, device, persist=_settings.enabled, options=options)
-        _l1[fp] = result
+        _l1_put(fp, result)
         _remember(program_key, fp)
         return result
 
@@ -430,7 +446,7 @@ def stats() -> dict:
     s = _stats
     host, remote = _host, _remote
     out = {
-        "l1": {**s.l1.as_dict(), "entries": len(_l1)},
+        "l1": {**s.l1.as_dict(), "entries": len(_l1), "evictions": s.l1_evictions},
         "l2": {**s.l2.as_dict(), "enabled": host is not None, "path": None if host is None else host.path,
                "evictions": 0 if host is None else host.evictions},
         "l3": {**s.l3.as_dict(), "enabled": remote is not None and remote.usable, "url": _settings.url,

@@ -25,6 +25,7 @@ import torch
 
 from torch_tpu import _native, metrics, precision, recompiles, xla_options
 from torch_tpu import profiler as _trace
+from torch_tpu.cache import levels as cache_levels
 from torch_tpu.config import config
 from torch_tpu.eager import program as program_mod
 from torch_tpu.eager import opspec
@@ -55,8 +56,18 @@ class _Programs(dict):
     """Level 1 of the compile cache: signature -> OpProgram (with its executable).
 
     The boxed kernels' per-op entries (native.cpp) are made from these programs;
-    removing programs makes every kernel drop its entries.
+    removing programs makes every kernel drop its entries. Past `cache.levels.L1_LIMIT`
+    programs the oldest quarter is dropped (each holds an executable, and live executables
+    hold memory mappings: see L1_LIMIT); a dropped signature's next call is a miss that finds
+    its executable in the compile cache.
     """
+
+    def __setitem__(self, key, value):
+        if len(self) >= cache_levels.L1_LIMIT and key not in self:
+            for old in list(self)[:len(self) - cache_levels.L1_LIMIT * 3 // 4]:
+                super().__delitem__(old)
+            _native.invalidate_fast_entries()
+        super().__setitem__(key, value)
 
     def clear(self):
         super().clear()
