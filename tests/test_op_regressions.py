@@ -260,3 +260,26 @@ def test_mode_with_many_ties_returns_an_occurrence_of_the_mode_value():
     got = torch.mode(y.to(TPU), 1, keepdim=True)
     assert torch.equal(got.values.cpu(), torch.mode(y, 1, keepdim=True).values)
     assert torch.equal(y.gather(1, got.indices.cpu()), got.values.cpu())
+
+
+# ---------------------------------------------------------------- found by PyTorch's test_indexing.py on tpu
+@pytest.mark.parametrize("index_shape", [(), (1,)])
+@pytest.mark.parametrize("source_shape", [(), (1,)])
+def test_index_copy_one_element_index_and_source_forms(index_shape, source_shape):
+    """A 0-dim index selects one slice, which a 0-dim or 1-element source fills (test_index_copy_scalars)."""
+    for self_shape in ((), (1,)):
+        index = torch.zeros(index_shape, dtype=torch.long)
+        source = torch.full(source_shape, 5.0)
+        want = torch.zeros(self_shape).index_copy_(0, index, source)
+        got = torch.zeros(self_shape, device=TPU).index_copy_(0, index.to(TPU), source.to(TPU))
+        _close(got, want)
+
+
+def test_index_fill_complex_value_into_real_tensor_raises_and_keeps_values():
+    x = torch.tensor([[1.0, 2.0], [4.0, 5.0]])
+    t = x.to(TPU)
+    with pytest.raises(RuntimeError, match="Converting complex Scalar to non-complex type is not supported"):
+        x.index_fill_(1, torch.tensor([0]), 1 + 1j)
+    with pytest.raises(RuntimeError, match="Converting complex Scalar to non-complex type is not supported"):
+        t.index_fill_(1, torch.tensor([0], device=TPU), 1 + 1j)
+    _close(t, x)

@@ -245,6 +245,8 @@ def index_copy(x, dim, index, source):
     if x.ndim == 0:
         return source.reshape(())
     dim = dim % x.ndim
+    index = index.reshape(-1)  # a 0-dim index selects one slice, which the source still has (PyTorch)
+    source = source.reshape(x.shape[:dim] + index.shape + x.shape[dim + 1:])
     return x.at[(slice(None),) * dim + (index,)].set(source.astype(x.dtype))
 
 
@@ -279,6 +281,8 @@ def index_reduce(x, dim, index, source, reduce, include_self=True):
 @lowers(aten.index_fill.int_Scalar, aten.index_fill.int_Tensor)
 @checked
 def index_fill(x, dim, index, value):
+    if jnp.iscomplexobj(value) and not jnp.iscomplexobj(x):
+        raise RuntimeError("index_fill_(): Converting complex Scalar to non-complex type is not supported")
     checks.require_index(index, x.shape[dim % x.ndim] if x.ndim else 1, checks.INDEX_BOUNDS, dim % max(x.ndim, 1), negative=True)
     if x.ndim == 0:
         return jnp.asarray(value).astype(x.dtype)
