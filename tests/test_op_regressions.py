@@ -283,3 +283,21 @@ def test_index_fill_complex_value_into_real_tensor_raises_and_keeps_values():
     with pytest.raises(RuntimeError, match="Converting complex Scalar to non-complex type is not supported"):
         t.index_fill_(1, torch.tensor([0], device=TPU), 1 + 1j)
     _close(t, x)
+
+
+@pytest.mark.parametrize("mask_shape", [(1,), (6,), (1, 4)])
+def test_boolean_mask_of_another_shape_raises_pytorchs_index_error(mask_shape):
+    """Reads and writes (the select path of `x[mask] = scalar` too) check the mask's shape against the
+    dimensions it indexes; a 1-element mask used to broadcast silently."""
+    mask = torch.ones(mask_shape, dtype=torch.bool)
+    x = torch.ones(5, 4)
+    t = x.to(TPU)
+    for fn in (lambda a, m: a[m], lambda a, m: a.__setitem__(m, 0),
+               lambda a, m: a.index_put_((m,), torch.zeros(1, device=a.device), accumulate=True),
+               lambda a, m: a[:, m.to(torch.uint8)]):
+        with pytest.raises(IndexError) as cpu_error:
+            fn(x, mask)
+        with pytest.raises(IndexError) as tpu_error:
+            fn(t, mask.to(TPU))
+        assert str(tpu_error.value) == str(cpu_error.value)
+    _close(t, x)

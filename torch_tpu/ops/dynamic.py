@@ -119,6 +119,7 @@ def _mask_position(indices):
 
 def _long_indices(x: torch.Tensor, indices) -> list:
     """Index tensors on x's device, every boolean mask replaced by its nonzero coordinates (PyTorch's own rule)."""
+    _check_mask_shapes(x, indices)
     out = []
     for index in indices:
         if index is None:
@@ -131,6 +132,18 @@ def _long_indices(x: torch.Tensor, indices) -> list:
         else:
             out.append(index)
     return out
+
+
+def _check_mask_shapes(x: torch.Tensor, indices) -> None:
+    """PyTorch's IndexError for a boolean mask whose shape differs from the dimensions it indexes."""
+    dim = 0  # the dimension of x the next index applies to
+    for index in indices:
+        if index is not None and index.dtype in _MASK_DTYPES:
+            for j, size in enumerate(index.shape):
+                if dim + j < x.dim() and size != x.shape[dim + j]:
+                    raise IndexError(f"The shape of the mask {list(index.shape)} at index {j} does not match the "
+                                     f"shape of the indexed tensor {list(x.shape)} at index {dim + j}")
+        dim += 1 if index is None or index.dtype not in _MASK_DTYPES else index.dim()
 
 
 # The index preparations change boolean/uint8 masks and index tensors on another device (dtypes and
@@ -180,6 +193,7 @@ def _writes_by_select(x, indices, values) -> bool:
 
 def _index_put_indices(x, indices, values):
     if _writes_by_select(x, indices, values):
+        _check_mask_shapes(x, indices)
         return [None if i is None else i.bool() if i.dtype == torch.uint8 else i for i in indices]
     return _long_indices(x, indices)
 
