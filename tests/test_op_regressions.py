@@ -301,3 +301,13 @@ def test_boolean_mask_of_another_shape_raises_pytorchs_index_error(mask_shape):
             fn(t, mask.to(TPU))
         assert str(tpu_error.value) == str(cpu_error.value)
     _close(t, x)
+
+
+def test_uint8_index_mask_warns_as_pytorch_does():
+    x = torch.arange(6.0).reshape(3, 2)
+    mask = torch.tensor([1, 0, 1], dtype=torch.uint8)
+    with pytest.warns(UserWarning, match="indexing with dtype torch.uint8 is now deprecated"):
+        got = x.to(TPU)[mask.to(TPU)]
+    with pytest.warns(UserWarning, match="indexing with dtype torch.uint8 is now deprecated"):
+        want = x[mask]
+    _close(got, want)

@@ -17,6 +17,8 @@ searchsorted): those are plain lowerings in their families.
 """
 from __future__ import annotations
 
+import warnings
+
 import jax.numpy as jnp
 import torch
 
@@ -135,9 +137,12 @@ def _long_indices(x: torch.Tensor, indices) -> list:
 
 
 def _check_mask_shapes(x: torch.Tensor, indices) -> None:
-    """PyTorch's IndexError for a boolean mask whose shape differs from the dimensions it indexes."""
+    """PyTorch's IndexError for a boolean mask whose shape differs from the dimensions it indexes (and its
+    deprecation warning for a uint8 mask)."""
     dim = 0  # the dimension of x the next index applies to
     for index in indices:
+        if index is not None and index.dtype == torch.uint8:
+            warnings.warn("indexing with dtype torch.uint8 is now deprecated, please use a dtype torch.bool instead.")
         if index is not None and index.dtype in _MASK_DTYPES:
             for j, size in enumerate(index.shape):
                 if dim + j < x.dim() and size != x.shape[dim + j]:
