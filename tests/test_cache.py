@@ -513,3 +513,21 @@ def test_level_1_is_bounded(private_cache, monkeypatch):
     compiles = cache.stats()["compiles"]
     new_shapes(1000, 3)  # dropped long ago: found in level 2, not compiled again
     assert cache.stats()["compiles"] == compiles
+
+
+@pytest.mark.one_mode
+def test_many_mappings_make_the_cache_and_the_executor_drop_executables(private_cache, monkeypatch):
+    """Some executables hold ~45 mappings (a boolean-mask write), so L1_LIMIT alone is not enough: past
+    half of vm.max_map_count mappings (checked every _MAPS_EVERY stores) level 1 and the executor's
+    program table each drop half of their executables."""
+    from torch_tpu.cache import levels
+    from torch_tpu.eager import executor
+
+    monkeypatch.setattr(levels, "_MAPS_EVERY", 1)
+    monkeypatch.setattr(levels, "_map_budget", lambda: 0)  # always under pressure
+    torch.tpu.synchronize()
+    evictions = cache.stats()["l1"]["evictions"]
+    for i in range(3000, 3040):
+        assert (torch.ones(i, device="tpu") * 2).sum().item() == 2 * i
+    assert len(executor.programs) <= 4 and len(levels._l1) <= 4  # halved on every store
+    assert cache.stats()["l1"]["evictions"] > evictions

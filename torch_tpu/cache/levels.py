@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import logging
 import os
 import threading
@@ -101,11 +102,37 @@ _lock = threading.RLock()
 _settings = _from_config()
 _stats = Stats()
 _l1: dict[str, object] = {}  # executable key -> executable, least recently served first
-# Level 1's size: every live XLA:CPU executable holds about 4 memory mappings of its own (code and
-# data), and a process past the kernel's vm.max_map_count (65530 by default) crashes in the next
-# mmap; a workload of ever new shapes (eager decoding without a static cache) reached it. The least
-# recently served executables beyond this many are dropped (a later miss loads them from level 2).
+# Level 1's size. Every live XLA:CPU executable holds memory mappings of its own (code and data: ~4
+# for an elementwise op, ~45 for a boolean-mask write), and a process past the kernel's
+# vm.max_map_count (65530 by default) crashes in its next mmap; a workload of ever new shapes (eager
+# decoding without a static cache, PyTorch's test_view_ops) reached it. The least recently served
+# executables beyond L1_LIMIT are dropped, and half of them whenever the process holds more than
+# half of vm.max_map_count mappings (counted every _MAPS_EVERY stores); holders of executables
+# (the executor's program table) drop theirs through `on_pressure` hooks. A dropped executable's
+# next use loads it from level 2 (no compile).
 L1_LIMIT = 4096
+_MAPS_EVERY = 32
+_puts = 0
+_pressure_hooks: list = []
+
+
+def on_pressure(hook) -> None:
+    """Register `hook(fraction)`: drop that fraction of the executables it holds (oldest first)."""
+    _pressure_hooks.append(hook)
+
+
+@functools.cache
+def _map_budget() -> int | None:
+    try:
+        with open("/proc/sys/vm/max_map_count") as f:
+            return int(f.read()) // 2
+    except (OSError, ValueError):
+        return None  # not Linux: L1_LIMIT alone
+
+
+def _mappings() -> int:
+    with open("/proc/self/maps", "rb") as f:
+        return f.read().count(b"\n")
 _compile_seconds: dict[str, float] = {}  # executable key -> its compile time (for "saved")
 _indexed: set[str] = set()  # program keys recorded by this process
 _unsaved: set[str] = set()  # executable keys kept in level 1 only (never worth an index record)
@@ -272,12 +299,23 @@ def _load(fp: str, device, in_tree, out_tree, count_misses: bool = True):
 
 
 def _l1_put(fp: str, executable) -> None:
+    global _puts
     _l1.pop(fp, None)
     _l1[fp] = executable
     if len(_l1) > L1_LIMIT:
-        for old in list(_l1)[:len(_l1) - L1_LIMIT * 3 // 4]:  # a quarter at once: evictions stay rare
-            del _l1[old]
-        _stats.l1_evictions += 1
+        _evict(len(_l1) - L1_LIMIT * 3 // 4)  # a quarter at once: evictions stay rare
+    _puts += 1
+    if _puts % _MAPS_EVERY == 0 and _map_budget() is not None and _mappings() > _map_budget():
+        _evict(len(_l1) // 2)
+        for hook in _pressure_hooks:
+            hook(0.5)
+
+
+def _evict(n: int) -> None:
+    """Drop the n least recently served executables of level 1."""
+    for old in list(_l1)[:n]:
+        del _l1[old]
+    _stats.l1_evictions += 1
 
 
 def _l1_get(fp: str):

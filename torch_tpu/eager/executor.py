@@ -64,10 +64,13 @@ class _Programs(dict):
 
     def __setitem__(self, key, value):
         if len(self) >= cache_levels.L1_LIMIT and key not in self:
-            for old in list(self)[:len(self) - cache_levels.L1_LIMIT * 3 // 4]:
-                super().__delitem__(old)
-            _native.invalidate_fast_entries()
+            self.drop_oldest(len(self) - cache_levels.L1_LIMIT * 3 // 4)
         super().__setitem__(key, value)
+
+    def drop_oldest(self, n: int) -> None:
+        for old in list(self)[:n]:
+            super().__delitem__(old)
+        _native.invalidate_fast_entries()
 
     def clear(self):
         super().clear()
@@ -83,6 +86,8 @@ class _Programs(dict):
 
 
 programs: dict[tuple, program_mod.OpProgram] = _Programs()
+# Many live executables hold too many memory mappings: the cache asks for half of them back.
+cache_levels.on_pressure(lambda fraction: programs.drop_oldest(int(len(programs) * fraction)))
 
 
 def _device_error(spec: OpSpec, name: str, first: str, second: str) -> RuntimeError:
