@@ -114,25 +114,6 @@ L1_LIMIT = 4096
 _MAPS_EVERY = 32
 _puts = 0
 _pressure_hooks: list = []
-
-
-def on_pressure(hook) -> None:
-    """Register `hook(fraction)`: drop that fraction of the executables it holds (oldest first)."""
-    _pressure_hooks.append(hook)
-
-
-@functools.cache
-def _map_budget() -> int | None:
-    try:
-        with open("/proc/sys/vm/max_map_count") as f:
-            return int(f.read()) // 2
-    except (OSError, ValueError):
-        return None  # not Linux: L1_LIMIT alone
-
-
-def _mappings() -> int:
-    with open("/proc/self/maps", "rb") as f:
-        return f.read().count(b"\n")
 _compile_seconds: dict[str, float] = {}  # executable key -> its compile time (for "saved")
 _indexed: set[str] = set()  # program keys recorded by this process
 _unsaved: set[str] = set()  # executable keys kept in level 1 only (never worth an index record)
@@ -296,6 +277,25 @@ def _load(fp: str, device, in_tree, out_tree, count_misses: bool = True):
             _write(fp + ".exe", blob, remote=False)
         return loaded
     return None
+
+
+def on_pressure(hook) -> None:
+    """Register `hook(fraction)`: drop that fraction of the executables it holds (oldest first)."""
+    _pressure_hooks.append(hook)
+
+
+@functools.cache
+def _map_budget() -> int | None:
+    try:
+        with open("/proc/sys/vm/max_map_count") as f:
+            return int(f.read()) // 2
+    except (OSError, ValueError):
+        return None  # not Linux: L1_LIMIT alone
+
+
+def _mappings() -> int:
+    with open("/proc/self/maps", "rb") as f:
+        return f.read().count(b"\n")
 
 
 def _l1_put(fp: str, executable) -> None:

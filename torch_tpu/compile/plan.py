@@ -16,6 +16,7 @@ Does not own: launching (graph.py), what ops compute (ops/), op programs (eager/
 """
 from __future__ import annotations
 
+import math
 import operator
 
 import jax.numpy as jnp
@@ -375,7 +376,8 @@ class Plan:
         slots = self._operand_slots(operands)
         buffer_of = [slots.index(o.slot) for o in operands]
         layouts = [self.slot_layout[slot] for slot in slots]
-        branches = [self._subgraph(graph, operands, buffer_of, layouts) for graph in (true_graph, false_graph)]
+        metas = [o.meta for o in operands]
+        branches = [self._subgraph(graph, metas, buffer_of, layouts) for graph in (true_graph, false_graph)]
         results = [[(dtype, sizes) for _, dtype, sizes, _, _ in reads] for _, reads in branches]
         if results[0] != results[1]:
             raise Unsupported("torch.cond branches with different results")
@@ -390,9 +392,9 @@ class Plan:
         buffer_of = list(range(len(carried))) + [len(carried) + extra.index(o.slot) for o in additional]
         dense = [torch.empty(tuple(c.meta.shape), dtype=c.meta.dtype, device="meta") for c in carried]
         layouts = [(m.dtype, m.numel() * m.dtype.itemsize) for m in dense] + [self.slot_layout[s] for s in extra]
-        operands = [Value(-1, m) for m in dense] + additional
-        condition = self._subgraph(cond_graph, operands, buffer_of, layouts)
-        body = self._subgraph(body_graph, operands, buffer_of, layouts)
+        metas = dense + [a.meta for a in additional]
+        condition = self._subgraph(cond_graph, metas, buffer_of, layouts)
+        body = self._subgraph(body_graph, metas, buffer_of, layouts)
         carried_layouts = [(m.dtype, tuple(m.shape)) for m in dense]
         if [(dtype, sizes) for _, dtype, sizes, _, _ in body[1]] != carried_layouts or len(condition[1]) != 1 \
                 or condition[1][0][2] not in ((), (1,)):
@@ -410,11 +412,11 @@ class Plan:
                 raise Unsupported("a higher-order op with symbolic shapes")
         return list(dict.fromkeys(o.slot for o in operands))
 
-    def _subgraph(self, graph, operands, buffer_of, layouts):
-        """(plan, reads): `graph` planned over buffers, operand i viewing buffer `buffer_of[i]` (of
-        (dtype, nbytes) `layouts[j]`); reads: how each result is read (see `_run_subgraph`)."""
-        entries = tuple((_TENSOR, o.meta.dtype, tuple(o.meta.shape), tuple(o.meta.stride()), o.meta.storage_offset(),
-                         buffer_of[i], *layouts[buffer_of[i]], True) for i, o in enumerate(operands))
+    def _subgraph(self, graph, metas, buffer_of, layouts):
+        """(plan, reads): `graph` planned over buffers, operand i (of meta `metas[i]`) viewing buffer
+        `buffer_of[i]` (of (dtype, nbytes) `layouts[j]`); reads: how each result is read (see `_run_subgraph`)."""
+        entries = tuple((_TENSOR, m.dtype, tuple(m.shape), tuple(m.stride()), m.storage_offset(),
+                         buffer_of[i], *layouts[buffer_of[i]], True) for i, m in enumerate(metas))
         plan = Plan(graph, (entries, self.device), self.level)
         if plan.n_rng or plan.n_host or plan.mutated or any(step.prog.checks for step in plan.steps):
             raise Unsupported("a higher-order op's subgraph with random ops, CPU values, mutations or value checks")
@@ -425,14 +427,14 @@ class Plan:
                 reads.append((("slot", slot), dtype, sizes, strides, offset))
             elif out[0] == "alias":  # an operand returned (or a view of one)
                 _, position, sizes, strides, offset = out
-                reads.append((("buffer", buffer_of[position]), operands[position].meta.dtype, sizes, strides, offset))
+                reads.append((("buffer", buffer_of[position]), metas[position].dtype, sizes, strides, offset))
             else:
                 raise Unsupported("a higher-order op's subgraph returning a value that is not a tpu tensor")
         return plan, reads
 
     def _subgraph_step(self, step, inputs: list, layouts: list) -> tuple:
         """Add a higher-order op's step reading `inputs` (slots); its results: dense values of `layouts`."""
-        fresh = [self._new_slot(dtype, _numel(sizes) * dtype.itemsize) for dtype, sizes in layouts]
+        fresh = [self._new_slot(dtype, math.prod(sizes) * dtype.itemsize) for dtype, sizes in layouts]
         self.steps.append(Step(step, inputs, (), None, fresh, []))
         return tuple(Value(slot, torch.empty(sizes, dtype=dtype, device="meta"))
                      for slot, (dtype, sizes) in zip(fresh, layouts))
@@ -563,7 +565,7 @@ class Plan:
                 if out[0] != "t":
                     continue
                 _, slot, (dtype, sizes, strides, offset), m = out
-                value = strided.read(strided.reinterpret(bufs[slot], dtypes.to_jax(dtype)), sizes, strides, offset)
+                value = _read(bufs[slot], (sizes, strides, offset, dtype))
                 outs.append(_physical(value, m) if self.nd_outputs else strided.to_flat(value, m.strides))
             # The flags (one row per checked op) after the mutated buffers (eager/valuecheck.py).
             return outs, [bufs[s] for s in self.mutated] + ([jnp.stack(flags)] if flags else [])
@@ -603,13 +605,6 @@ class Plan:
         for step in self.host_mutations:
             step.run(env)
         return env, scalars
-
-
-def _numel(sizes) -> int:
-    n = 1
-    for size in sizes:
-        n *= size
-    return n
 
 
 def _read_of(meta: torch.Tensor) -> tuple:
