@@ -71,10 +71,13 @@ def _rounds(args, x, y, fns, jx, jy):
 
 def _defer_rounds(args, x, y, xc, yc):
     """Per round, seconds per op: DeferAndFuse recording and flush with looped units (the default) and
-    without (TORCH_TPU_DEFER_LOOPS=0: one launch per 16-op unit), ABBA-interleaved, and torch CPU eager."""
+    without (TORCH_TPU_DEFER_LOOPS=0: one launch per 16-op unit), ABBA-interleaved, torch CPU eager, and
+    torch CPU eager on 1-element tensors: PyTorch's own per-op floor (Python binding, dispatcher, output
+    tensor, a kernel with next to no arithmetic), which every backend's op pays before its kernel runs."""
     recording = {True: [], False: []}
     flush = {True: [], False: []}
-    cpu = []
+    cpu, floor = [], []
+    x1, y1 = xc[:1].clone(), yc[:1].clone()
     for loops in (True, False):  # each mode's plan and fused programs (compiled once)
         with torch_tpu.defer_and_fuse(loops=loops):
             torch_chain(x, y, args.ops).cpu()
@@ -90,7 +93,10 @@ def _defer_rounds(args, x, y, xc, yc):
         start = time.perf_counter()
         torch_chain(xc, yc, args.ops)
         cpu.append((time.perf_counter() - start) / args.ops)
-    return recording, flush, cpu
+        start = time.perf_counter()
+        torch_chain(x1, y1, args.ops)
+        floor.append((time.perf_counter() - start) / args.ops)
+    return recording, flush, cpu, floor
 
 
 def main() -> dict:
@@ -114,7 +120,7 @@ def main() -> dict:
         cache.clear(host=False)
         torch_chain(x, y, 8).cpu()
         loaded = _rounds(args, x, y, fns, jx, jy)
-    recording, flush, cpu = _defer_rounds(args, x, y, x.cpu(), y.cpu())
+    recording, flush, cpu, floor = _defer_rounds(args, x, y, x.cpu(), y.cpu())
     recorded_in_python = torch_tpu.metrics.counts.ops_recorded_python
     ours, theirs, ratios = compiled
     median = statistics.median
@@ -140,6 +146,8 @@ def main() -> dict:
         "flush_loops_to_no_loops": median(a / b for a, b in zip(flush[True], flush[False])),
         "torch_cpu_us_per_op": median(cpu) * 1e6,
         "defer_record_to_torch_cpu": median(r / c for r, c in zip(recording[True], cpu)),
+        "torch_cpu_1_element_us_per_op": median(floor) * 1e6,
+        "defer_record_above_floor_us": median(r - f for r, f in zip(recording[True], floor)) * 1e6,
         "defer_record_target_us": 2.0,
         "ops_recorded_python": recorded_in_python,
     }
@@ -155,6 +163,8 @@ def main() -> dict:
           f"torch CPU eager {result['torch_cpu_us_per_op']:.2f} us/op (recording / CPU eager: "
           f"{result['defer_record_to_torch_cpu']:.2f}); ops recorded by the Python recorder: {recorded_in_python} "
           f"(the rest natively)")
+    print(f"  PyTorch's own per-op floor (torch CPU eager on 1 element): {result['torch_cpu_1_element_us_per_op']:.2f}"
+          f" us/op; DeferAndFuse recording above it: {result['defer_record_above_floor_us']:.2f} us/op")
     print(f"  DeferAndFuse without looped units (loops=False): recording {result['defer_no_loops_record_us_per_op']:.2f}"
           f" us/op, flush {result['defer_no_loops_flush_us_per_op']:.2f} us/op; flush looped / not looped: median "
           f"{result['flush_loops_to_no_loops']:.2f} (ABBA)")

@@ -284,6 +284,32 @@ def on_pressure(hook) -> None:
     _pressure_hooks.append(hook)
 
 
+class ExecutableTable(dict):
+    """A table of executables (or of objects holding them) bounded like level 1.
+
+    Past L1_LIMIT entries (or `limit`, if lower) the oldest quarter is dropped, and under
+    memory-mapping pressure the oldest half. A dropped entry's next use is a miss that finds its
+    executable in level 2, with no compile. Insertion order is the age: a table's users re-insert
+    nothing they serve, so this is first-in first-out.
+    """
+
+    def __init__(self, limit: int | None = None):
+        super().__init__()
+        self.limit = limit
+        on_pressure(lambda fraction: self.drop_oldest(int(len(self) * fraction)))
+
+    def __setitem__(self, key, value):
+        limit = L1_LIMIT if self.limit is None else min(self.limit, L1_LIMIT)
+        if len(self) >= limit and key not in self:
+            self.drop_oldest(len(self) - limit * 3 // 4)
+        super().__setitem__(key, value)
+
+    def drop_oldest(self, n: int) -> None:
+        # dict's own pop: another thread may have dropped a key since the list was taken
+        for old in list(self)[:n]:
+            dict.pop(self, old, None)
+
+
 @functools.cache
 def _map_budget() -> int | None:
     try:

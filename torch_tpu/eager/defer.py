@@ -49,6 +49,7 @@ import torch
 
 from torch_tpu import _native, metrics, precision, recompiles, xla_options
 from torch_tpu import profiler as _trace
+from torch_tpu.cache import levels as cache_levels
 from torch_tpu.config import config
 from torch_tpu.eager import executor
 from torch_tpu.eager import program as program_mod
@@ -255,8 +256,6 @@ def _run(graph, reason: str) -> None:
     if plan is None:
         _counts.fused_cache_misses += 1
         plan = _make_plan(graph, outputs, frozenset(donate))
-        if len(_plans) >= _PLAN_LIMIT:
-            _plans.clear()
         _plans[fingerprint] = plan
     else:
         _counts.fused_cache_hits += 1
@@ -286,9 +285,9 @@ def _lose(live, values, graph, err) -> None:
             _buffers[address] = (array, dtype)
 
 
-_plans: dict = {}  # graph fingerprint -> Plan
-_PLAN_LIMIT = 1024
-_executables: dict = {}  # segment fingerprint -> compiled fused program
+# Both bounded, and halved under memory-mapping pressure: a plan's segments hold their executables.
+_plans: dict = cache_levels.ExecutableTable(limit=1024)  # graph fingerprint -> Plan
+_executables: dict = cache_levels.ExecutableTable()  # segment fingerprint -> compiled fused program
 
 
 class Segment:

@@ -52,24 +52,16 @@ _T, _OT, _TL, _OTL, _S, _OS, _SL, _GEN = (
 
 _NUMBERS = (int, float, bool, complex)
 
-class _Programs(dict):
-    """Level 1 of the compile cache: signature -> OpProgram (with its executable).
+class _Programs(cache_levels.ExecutableTable):
+    """Level 1 of the compile cache: signature -> OpProgram (with its executable), bounded like
+    the compile cache's level 1 (`cache.levels.ExecutableTable`).
 
     The boxed kernels' per-op entries (native.cpp) are made from these programs;
-    removing programs makes every kernel drop its entries. Past `cache.levels.L1_LIMIT`
-    programs the oldest quarter is dropped (each holds an executable, and live executables
-    hold memory mappings: see L1_LIMIT); a dropped signature's next call is a miss that finds
-    its executable in the compile cache.
+    removing programs makes every kernel drop its entries.
     """
 
-    def __setitem__(self, key, value):
-        if len(self) >= cache_levels.L1_LIMIT and key not in self:
-            self.drop_oldest(len(self) - cache_levels.L1_LIMIT * 3 // 4)
-        super().__setitem__(key, value)
-
     def drop_oldest(self, n: int) -> None:
-        for old in list(self)[:n]:
-            super().__delitem__(old)
+        super().drop_oldest(n)
         _native.invalidate_fast_entries()
 
     def clear(self):
@@ -86,8 +78,6 @@ class _Programs(dict):
 
 
 programs: dict[tuple, program_mod.OpProgram] = _Programs()
-# Many live executables hold too many memory mappings: the cache asks for half of them back.
-cache_levels.on_pressure(lambda fraction: programs.drop_oldest(int(len(programs) * fraction)))
 
 
 def _device_error(spec: OpSpec, name: str, first: str, second: str) -> RuntimeError:
