@@ -311,3 +311,29 @@ def test_uint8_index_mask_warns_as_pytorch_does():
     with pytest.warns(UserWarning, match="indexing with dtype torch.uint8 is now deprecated"):
         want = x[mask]
     _close(got, want)
+
+
+@pytest.mark.parametrize("which", ["input", "weight"])
+def test_convolution_output_is_channels_last_as_on_cuda(which):
+    """CUDA's rule: a channels-last input or weight gives a channels-last output (and the gradients keep
+    their tensors' layouts); PyTorch's meta kernel follows the input only, so tpu gave contiguous output."""
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+    x = torch.randn(2, 3, 6, 6)
+    cl = torch.channels_last
+    runs = {}
+    for device in ("cpu", TPU):
+        c = conv.to(device) if device == "cpu" else torch.nn.Conv2d(3, 4, 3, padding=1).to(device)
+        if device != "cpu":
+            c.load_state_dict(conv.state_dict())
+        if which == "weight":
+            c = c.to(memory_format=cl)
+        inp = (x.to(memory_format=cl) if which == "input" else x).to(device).detach().requires_grad_()
+        y = c(inp)
+        y.square().sum().backward()
+        runs[device] = (y.detach(), inp.grad, c.weight.grad)
+    (y_cpu, gx_cpu, gw_cpu), (y, gx, gw) = runs["cpu"], runs[TPU]
+    assert y.is_contiguous(memory_format=cl) and y.stride() == y_cpu.stride()  # CPU follows the same rule in 2-D
+    assert gx.stride() == gx_cpu.stride() and gw.stride() == gw_cpu.stride()
+    for got, want in zip(runs[TPU], runs["cpu"]):
+        _close(got, want, atol=1e-4, rtol=1e-4)

@@ -1987,6 +1987,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
 }
 
 void init_profiler(py::module& m);  // profiler.cpp
+void init_nested(py::module& m);  // nested.cpp
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "torch_tpu native shim: device guard, hooks, allocator";
@@ -2080,6 +2081,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_memory_limit", [](int index, int64_t limit) { g_memory[index].limit.store(limit); });
   m.def("reset_peak", [](int index) { g_allocator.resetPeakStats(static_cast<DeviceIndex>(index)); });
   init_profiler(m);
+  init_nested(m);
   m.def("set_runtime_callbacks", [](py::object callbacks) {
     delete g_runtime;
     g_runtime = new py::object(std::move(callbacks));

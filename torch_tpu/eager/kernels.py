@@ -10,6 +10,7 @@ Ops with no kernel land in the fallback: decomposition, else CPU fallback.
 """
 from __future__ import annotations
 
+import functools
 import threading
 import warnings
 
@@ -22,6 +23,7 @@ from torch_tpu.eager.opspec import functional_counterpart, spec
 
 aten = torch.ops.aten
 _CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+_CPU_DEVICE = torch.device("cpu")
 _libraries: list = []
 _kernels: dict = {}  # op -> kernel, for ops reaching the fallback before registration
 _registered = False
@@ -31,6 +33,9 @@ _lock = threading.RLock()
 def register_fallback() -> None:
     lib = torch.library.Library("_", "IMPL")
     lib.fallback(_fallback, "PrivateUse1")
+    # Strided nested tensors (torch.nested, nn.TransformerEncoder's fast path): PyTorch's own
+    # NestedTensorCPU kernels, on copies (cpu_fallback).
+    lib.fallback(_nested_fallback, "NestedTensorPrivateUse1")
     _libraries.append(lib)
 
 
@@ -76,6 +81,10 @@ def register_all() -> None:
             lib.impl(op, kernel, "SparsePrivateUse1")
         for op, kernel in sparse.csr_kernels().items():  # 2-D sparse CSR tpu tensors
             lib.impl(op, kernel, "SparseCsrPrivateUse1")
+        for op in _nested_composites():  # strided nested tpu tensors, as the fallback does
+            lib.impl(op, functools.partial(_nested_fallback, op), "NestedTensorPrivateUse1")
+        for op in _NESTED_METADATA:  # they clone the CPU metadata: no copy of the buffer
+            lib.impl(op, _redispatch_nested_cpu(op), "NestedTensorPrivateUse1")
         torch_level = registry.kernels()
         for op, kernel in torch_level.items():  # torch-level kernels (ops/dynamic.py)
             add(op, kernel)
@@ -236,6 +245,39 @@ def _fallback(op, *args, **kwargs):
     return cpu_fallback(op, args, kwargs)
 
 
+def _nested_composites() -> list:
+    """aten ops PyTorch decomposes (CompositeImplicitAutograd) except on nested tensors, where its
+    NestedTensorCPU kernel runs: on tpu the decomposition would be chosen over the fallback, and
+    it reads a nested tensor's sizes (linear, matmul, chunk, narrow...)."""
+    found = []
+    for name in torch._C._dispatch_get_registrations_for_dispatch_key("NestedTensorCPU"):
+        namespace, _, rest = name.partition("::")
+        if namespace != "aten" or not torch._C._dispatch_has_kernel_for_dispatch_key(name, "CompositeImplicitAutograd"):
+            continue
+        packet, _, overload = rest.partition(".")
+        found.append(getattr(getattr(aten, packet), overload or "default"))
+    return found
+
+
+_NESTED_METADATA = (aten._nested_tensor_size.default, aten._nested_tensor_strides.default,
+                    aten._nested_tensor_storage_offsets.default)
+_NESTED_CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.NestedTensorCPU)
+
+
+def _redispatch_nested_cpu(op):
+    def kernel(*args, **kwargs):
+        return op.redispatch(_NESTED_CPU, *args, **kwargs)
+
+    return kernel
+
+
+def _nested_fallback(op, *args, **kwargs):
+    from torch_tpu.runtime import platform
+
+    platform.get()
+    return cpu_fallback(op, args, kwargs)
+
+
 def _decomposition(op):
     from torch._decomp import decomposition_table
 
@@ -258,21 +300,21 @@ def cpu_fallback(op, args, kwargs):
             "(slow: copies to and from the host). Set TORCH_TPU_FALLBACK=error to make this an error.",
             stacklevel=3,
         )
-    device = None
+    device = target = None  # the first tpu tensor's device; a device argument's (where results go)
     originals = {}
 
     def to_cpu(x):
-        nonlocal device
+        nonlocal device, target
         if isinstance(x, torch.Tensor) and x.device.type == "tpu":
             device = device or x.device
-            c = x.cpu()
+            c = _native.nested_to(x, _CPU_DEVICE) if x.is_nested else x.cpu()
             originals[id(c)] = x
             return c
         if isinstance(x, torch.Generator) and x.device.type == "tpu":
             return None
-        if isinstance(x, torch.device) and x.type == "tpu":
-            device = device or x
-            return torch.device("cpu")
+        if isinstance(x, torch.device):
+            target = target or x
+            return _CPU_DEVICE if x.type == "tpu" else x
         return x
 
     cpu_args, cpu_kwargs = pytree.tree_map(to_cpu, (args, kwargs))
@@ -282,14 +324,19 @@ def cpu_fallback(op, args, kwargs):
     for i in s.writes:
         for c in (full[i] if isinstance(full[i], (list, tuple)) else [full[i]]):
             if isinstance(c, torch.Tensor) and id(c) in originals:
-                originals[id(c)].copy_(c)
-    device = device or torch.device("tpu", torch.tpu.current_device())
+                if c.is_nested:
+                    _native.nested_copy_(originals[id(c)], c)
+                else:
+                    originals[id(c)].copy_(c)
+    device = target or device or torch.device("tpu", torch.tpu.current_device())
 
     def back(x):
         if isinstance(x, torch.Tensor):
             if id(x) in originals:
                 return originals[id(x)]
-            return x.to(device)
+            if x.device == device:
+                return x
+            return _native.nested_to(x, device) if x.is_nested else x.to(device)
         return x
 
     return pytree.tree_map(back, result)

@@ -12,6 +12,8 @@ runs at the float32 matmul precision (precision.conv_general_dilated), as on a T
 from __future__ import annotations
 
 import jax.numpy as jnp
+import torch
+from torch._prims_common import suggest_memory_format
 
 from torch_tpu import precision
 from torch_tpu.ops.registry import aten, lowers
@@ -72,7 +74,17 @@ def _bias_shape(x):
     return (1, -1) + (1,) * (x.ndim - 2)
 
 
-@lowers(aten.convolution.default, aten.convolution_overrideable.default, precision=True)
+def _meta_convolution(x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
+    """PyTorch's meta kernel, with CUDA's output layout: channels-last when the input or the weight is
+    (cudnn_conv_suggest_memory_format; the meta kernel follows the input only on other devices)."""
+    out = aten.convolution.default(x, w, bias, stride, padding, dilation, transposed, output_padding, groups)
+    layout = {4: torch.channels_last, 5: torch.channels_last_3d}.get(out.ndim)
+    if layout is not None and layout in (suggest_memory_format(x), suggest_memory_format(w)):
+        out = out.contiguous(memory_format=layout)
+    return out
+
+
+@lowers(aten.convolution.default, aten.convolution_overrideable.default, precision=True, meta=_meta_convolution)
 def convolution(x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
     stride, padding, dilation, output_padding = _spatial(x.ndim - 2, stride, padding, dilation, output_padding)
     # ATen's shape check (PyTorch's meta kernel lets a short negative padding list through).

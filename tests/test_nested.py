@@ -1,0 +1,69 @@
+"""Strided nested tensors (torch.nested) on tpu: PyTorch's NestedTensorCPU kernels on copies.
+
+Compared with the same code on the CPU. nn.TransformerEncoder in eval with a padding mask
+is the common way to meet them: PyTorch's fast path turns the batch into a nested tensor on
+every device it supports, "tpu" included.
+"""
+import pytest
+import torch
+
+import torch_tpu
+from conftest import no_fallback
+
+
+def _components(d):
+    return [torch.arange(6.0).reshape(2, 3).to(d), torch.arange(12.0).reshape(4, 3).to(d) - 5]
+
+
+def test_transformer_encoder_fast_path_with_padding_mask():
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(16, 4, 32, dropout=0.0, batch_first=True)
+    cpu = torch.nn.TransformerEncoder(layer, 2).eval()
+    tpu = torch.nn.TransformerEncoder(torch.nn.TransformerEncoderLayer(16, 4, 32, dropout=0.0, batch_first=True),
+                                      2).eval()
+    tpu.load_state_dict(cpu.state_dict())
+    tpu.to("tpu")
+    x = torch.randn(3, 5, 16)
+    mask = torch.tensor([[False] * 5, [False] * 3 + [True] * 2, [False] + [True] * 4])
+    before = torch_tpu.metrics.fallbacks["aten._transformer_encoder_layer_fwd.default"]
+    with torch.no_grad():
+        expected = cpu(x, src_key_padding_mask=mask)
+        got = tpu(x.to("tpu"), src_key_padding_mask=mask.to("tpu"))
+    assert got.device.type == "tpu" and not got.is_nested
+    # the nested fast path was taken (the layers ran on a nested batch), not the padded one
+    assert torch_tpu.metrics.fallbacks["aten._transformer_encoder_layer_fwd.default"] == before + 2
+    torch.testing.assert_close(got.cpu(), expected)
+
+
+def test_nested_ops_autograd_and_in_place_match_cpu():
+    def run(d):
+        a = torch.nested.nested_tensor(_components(d), requires_grad=True)
+        w = torch.arange(15.0).reshape(5, 3).div(7).to(d)
+        y = torch.nn.functional.linear((a * 2 + 1).relu(), w).softmax(-1)  # linear: a composite PyTorch
+        padded = y.to_padded_tensor(0.0)                                  # decomposes except on nested
+        padded.square().sum().backward()
+        b = torch.nested.nested_tensor(_components(d))
+        b.mul_(3)
+        return padded, a.grad.to_padded_tensor(0.0), b.to_padded_tensor(-1.0), *b.unbind()
+
+    expected, got = run("cpu"), run("tpu")
+    for e, g in zip(expected, got):
+        assert g.device.type == "tpu"
+        torch.testing.assert_close(g.cpu(), e)
+
+
+def test_nested_tensors_move_between_devices():
+    cpu = torch.nested.nested_tensor(_components("cpu"))
+    on_tpu = cpu.to("tpu")
+    assert on_tpu.is_nested and on_tpu.device.type == "tpu"
+    assert torch.equal(on_tpu._nested_tensor_size(), cpu._nested_tensor_size())
+    back = on_tpu.cpu()
+    assert back.is_nested and back.device.type == "cpu"
+    for e, g in zip(cpu.unbind(), back.unbind()):
+        assert torch.equal(e, g)
+
+
+def test_nested_fallback_obeys_fallback_error():
+    a = torch.nested.nested_tensor(_components("tpu"))
+    with no_fallback(), pytest.raises(NotImplementedError, match="TORCH_TPU_FALLBACK=error"):
+        a * 2
