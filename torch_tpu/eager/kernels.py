@@ -7,6 +7,8 @@ metadata-only view ops (PyTorch's own CPU kernels, redispatched: they only
 touch sizes/strides/storage), the special kernels (copy_, resize_, item) and the
 sparse COO kernels (eager/sparse.py, on the SparsePrivateUse1 key).
 Ops with no kernel land in the fallback: decomposition, else CPU fallback.
+Strided nested tensors (NestedTensorPrivateUse1) always take the CPU fallback:
+PyTorch's NestedTensorCPU kernels on copies.
 """
 from __future__ import annotations
 
