@@ -67,3 +67,14 @@ def test_nested_fallback_obeys_fallback_error():
     a = torch.nested.nested_tensor(_components("tpu"))
     with no_fallback(), pytest.raises(NotImplementedError, match="TORCH_TPU_FALLBACK=error"):
         a * 2
+
+
+def test_nested_fallback_warning_names_nested_tensors(monkeypatch):
+    from torch_tpu.config import config
+    from torch_tpu.eager import kernels
+
+    monkeypatch.setattr(config, "fallback", "warn")
+    monkeypatch.setattr(kernels, "_warned", set())
+    a = torch.nested.nested_tensor(_components("tpu"))
+    with pytest.warns(UserWarning, match="'aten.mul.Tensor' is not lowered for the 'tpu' device on nested tensors"):
+        a * 2

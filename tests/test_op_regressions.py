@@ -337,3 +337,69 @@ def test_convolution_output_is_channels_last_as_on_cuda(which):
     assert gx.stride() == gx_cpu.stride() and gw.stride() == gw_cpu.stride()
     for got, want in zip(runs[TPU], runs["cpu"]):
         _close(got, want, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("dim", [0, -1])
+def test_flip_of_a_0_dim_tensor(dim):
+    """PyTorch wraps dim 0/-1 of a 0-dim tensor as one dimension (PyTorch's test_shape_ops::test_flip)."""
+    x = torch.tensor(3.5)
+    _close(x.to(TPU).flip(dim), x.flip(dim))
+
+
+def _same_error(fn, *cpu_args, kind=RuntimeError):
+    """fn raises on tpu exactly what it raises on the CPU (found by PyTorch's test_type_promotion and
+    test_shape_ops run on tpu)."""
+    with pytest.raises(kind) as cpu_error:
+        fn(*cpu_args)
+    with pytest.raises(kind) as tpu_error:
+        fn(*[a.to(TPU) if isinstance(a, torch.Tensor) else a for a in cpu_args])
+    assert str(tpu_error.value) == str(cpu_error.value)
+
+
+@pytest.mark.parametrize("dtype, alpha", [(torch.bool, 1.1), (torch.int64, True), (torch.float32, True),
+                                          (torch.float32, 2j), (torch.int32, 2j)])
+def test_add_sub_check_alpha_as_pytorch_does(dtype, alpha):
+    """PyTorch's alpha_check; the meta kernels (Python references) let these through, and tpu computed."""
+    x = torch.ones(3, dtype=dtype)
+    _same_error(lambda a: torch.add(a, a, alpha=alpha), x)
+    _same_error(lambda a: a.clone().add_(a, alpha=alpha), x)
+    if dtype != torch.bool:
+        _same_error(lambda a: torch.sub(a, a, alpha=alpha), x)
+    good = 2 if dtype != torch.bool else True
+    _close(torch.add(x.to(TPU), x.to(TPU), alpha=good), torch.add(x, x, alpha=good))
+
+
+@pytest.mark.parametrize("call", ["nonzero", "masked_select", "bincount"])
+def test_out_tensor_of_another_dtype_raises_pytorchs_error(call):
+    """These ops' out= tensors must have the result's dtype; tpu wrote a cast result silently."""
+    x = torch.tensor([1.0, 0.0, 2.0])
+    calls = {
+        "nonzero": lambda a: torch.nonzero(a, out=torch.empty(0, device=a.device)),
+        "masked_select": lambda a: torch.masked_select(a, a > 0, out=torch.empty(0, dtype=torch.int64, device=a.device)),
+        "bincount": lambda a: torch.ops.aten.bincount.out(a.long(), out=torch.empty(0, device=a.device)),
+    }
+    _same_error(calls[call], x)
+
+
+def test_index_put_source_of_another_dtype_raises_pytorchs_error():
+    x = torch.zeros(4)
+    index = torch.tensor([0, 2])
+    for accumulate in (False, True):
+        _same_error(lambda a, i: a.index_put_((i,), torch.ones(2, dtype=torch.long, device=a.device), accumulate),
+                    x, index)
+    _same_error(lambda a, i: a.__setitem__(i, torch.ones(2, dtype=torch.float64, device=a.device)), x, index)
+    t = x.to(TPU)
+    t[index.to(TPU)] = 7  # a Python scalar takes the tensor's dtype: no error
+    t[t > 5] = torch.tensor(2.0, device=TPU)
+    x[index] = 7
+    x[x > 5] = torch.tensor(2.0)
+    _close(t, x)
+
+
+def test_cat_out_checks_that_the_result_type_can_be_cast():
+    a, b = torch.tensor([1.0, 2.0]), torch.tensor([3, 4])
+    _same_error(lambda p, q: torch.cat([p, q], out=torch.empty(0, dtype=torch.long, device=p.device)), a, b,
+                kind=TypeError)
+    out = torch.empty(0, device=TPU)
+    torch.cat([b.to(TPU), b.to(TPU)], out=out)  # long into float: allowed
+    _close(out, torch.cat([b, b]).float())

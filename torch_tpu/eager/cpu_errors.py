@@ -75,3 +75,25 @@ def _host(value):
         except Exception:  # noqa: BLE001
             return value
     return value
+
+
+_ALPHA_OPS = frozenset(("add", "sub", "rsub"))
+
+
+def check_alpha(spec, meta_args) -> None:
+    """PyTorch's alpha_check (ATen's BinaryOps.h) for add/sub/rsub and their variants: their meta
+    kernels (Python references) let a float alpha with a bool tensor, and a bool alpha with a
+    non-bool result, through."""
+    if "alpha" not in spec.index or spec.name.split(".")[1].rstrip("_") not in _ALPHA_OPS:
+        return
+    alpha = _host(meta_args[spec.index["alpha"]])
+    if alpha is None:
+        return
+    dtype = torch.result_type(meta_args[0], meta_args[1])
+    if isinstance(alpha, bool) and dtype != torch.bool:
+        raise RuntimeError("Boolean alpha only supported for Boolean results.")
+    if not (dtype.is_floating_point or dtype.is_complex) and not isinstance(alpha, (bool, int)):
+        raise RuntimeError("For integral input tensors, argument alpha must not be a floating point number.")
+    if not dtype.is_complex and isinstance(alpha, complex):
+        raise RuntimeError("For non-complex input tensors, argument alpha must not be a complex number.")
+

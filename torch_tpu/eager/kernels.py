@@ -165,6 +165,8 @@ def _written_by(variant, functional):
         results = result if isinstance(result, tuple) else (result,)
         for i, value in zip(s.writes, results):
             target = full[i]
+            if s.is_out and target.dtype != value.dtype:
+                _raise_cpu_out_error(s, full)
             if s.is_out and target.shape != value.shape:
                 target.resize_(value.shape)
             target.copy_(value)
@@ -172,6 +174,17 @@ def _written_by(variant, functional):
         return written[0] if len(written) == 1 else tuple(written)
 
     return kernel
+
+
+def _raise_cpu_out_error(s, full) -> None:
+    """These ops' out= tensors must have the result's dtype (nonzero, masked_select, unique, bincount):
+    raise PyTorch's own error for the call, made by its CPU kernel on host copies (an error path only)."""
+    host = [a.cpu() if isinstance(a, torch.Tensor) else a for a in full]
+    try:
+        s.call(host)
+    except RuntimeError as err:
+        raise RuntimeError(str(err)) from None
+    raise RuntimeError(f"{s.name}: the out= tensor's dtype differs from the result's")
 
 
 def mutating_variants(op) -> list:
@@ -277,7 +290,7 @@ def _nested_fallback(op, *args, **kwargs):
     from torch_tpu.runtime import platform
 
     platform.get()
-    return cpu_fallback(op, args, kwargs)
+    return cpu_fallback(op, args, kwargs, what="on nested tensors")
 
 
 def _decomposition(op):
@@ -286,19 +299,23 @@ def _decomposition(op):
     return decomposition_table.get(op)
 
 
-def cpu_fallback(op, args, kwargs):
-    """Run `op` on the CPU with copies of its tpu arguments; write results back."""
+def cpu_fallback(op, args, kwargs, what: str = ""):
+    """Run `op` on the CPU with copies of its tpu arguments; write results back.
+
+    `what` says which inputs the device has no kernel for ("on nested tensors"), if not all."""
     name = str(op)
+    where = f"the 'tpu' device{' ' + what if what else ''}"
     if config.fallback == "error":
         raise NotImplementedError(
-            f"The operator '{name}' is not implemented for the 'tpu' device (no lowering and no decomposition), "
+            f"The operator '{name}' is not implemented for {where} "
+            f"({'PyTorch has no device-generic kernel for them' if what else 'no lowering and no decomposition'}), "
             "and TORCH_TPU_FALLBACK=error forbids running it on the CPU."
         )
     metrics.fallbacks[name] += 1
-    if config.fallback == "warn" and name not in _warned:
-        _warned.add(name)
+    if config.fallback == "warn" and (name, what) not in _warned:
+        _warned.add((name, what))
         warnings.warn(
-            f"The operator '{name}' is not lowered for the 'tpu' device; running it on the CPU "
+            f"The operator '{name}' is not lowered for {where}; running it on the CPU "
             "(slow: copies to and from the host). Set TORCH_TPU_FALLBACK=error to make this an error.",
             stacklevel=3,
         )

@@ -169,14 +169,28 @@ def _has_mask(indices) -> bool:
 _index_arguments.value_dependent = lambda x, indices: _has_mask(indices)
 
 
-@prepare(aten.index_put.default, aten.index_put_.default, aten._unsafe_index_put.default, only_on_miss=True)
-def _index_put_arguments(x, indices, values, accumulate=False):
+@prepare(aten._unsafe_index_put.default, only_on_miss=True)
+def _unsafe_index_put_arguments(x, indices, values, accumulate=False):
     return (x, _index_put_indices(x, indices, values), values, accumulate), {}
+
+
+@prepare(aten.index_put.default, aten.index_put_.default, only_on_miss=True)
+def _index_put_arguments(x, indices, values, accumulate=False):
+    _check_values_dtype(x, values)
+    return _unsafe_index_put_arguments(x, indices, values, accumulate)
 
 
 @prepare(aten._index_put_impl_.default, aten._index_put_impl.default, only_on_miss=True)
 def _index_put_impl_arguments(x, indices, values, accumulate=False, unsafe=False):
+    _check_values_dtype(x, values)
     return (x, _index_put_indices(x, indices, values), values, accumulate, unsafe), {}
+
+
+def _check_values_dtype(x, values) -> None:
+    """PyTorch's index_put refuses a source of another dtype (the lowering would cast it): its own
+    error, from its CPU kernel on empty tensors of the two dtypes."""
+    if values.dtype != x.dtype:
+        torch.empty(0, dtype=x.dtype).index_put_((torch.empty(0, dtype=torch.long),), torch.empty(0, dtype=values.dtype))
 
 
 def _index_put_value_dependent(x, indices, values, *rest):
@@ -187,6 +201,7 @@ def _index_put_value_dependent(x, indices, values, *rest):
 
 
 _index_put_arguments.value_dependent = _index_put_value_dependent
+_unsafe_index_put_arguments.value_dependent = _index_put_value_dependent
 _index_put_impl_arguments.value_dependent = _index_put_value_dependent
 
 

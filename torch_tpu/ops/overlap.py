@@ -13,6 +13,8 @@ them, and so do we, so that code moved from CPU or CUDA behaves the same.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from torch_tpu.ops.registry import aten, kernel
@@ -103,12 +105,17 @@ def take_out(x, index, *, out):
 @kernel(aten.masked_select.out)
 def masked_select_out(x, mask, *, out):
     _check(out, (x, mask))
+    if out.dtype != x.dtype:
+        raise RuntimeError("masked_select(): self and result must have the same scalar type")
     return _write(out, aten.masked_select.default(x, mask), (x, mask))
 
 
 @kernel(aten.cat.out)
 def cat_out(tensors, dim=0, *, out):
     _check(out, ())
+    result = functools.reduce(torch.promote_types, [t.dtype for t in tensors])
+    if not torch.can_cast(result, out.dtype):  # PyTorch's TypeError, from its CPU kernel on empty tensors
+        torch.cat([torch.empty(0, dtype=result)], out=torch.empty(0, dtype=out.dtype))
     return _write(out, aten.cat.default(tensors, dim), tensors)
 
 

@@ -38,7 +38,8 @@ def stack(tensors, dim=0):
 
 @lowers(aten.flip.default)
 def flip(x, dims):
-    return jnp.flip(x, axis=tuple(dims)) if dims else x
+    # A 0-dim tensor takes dim 0 or -1 (PyTorch wraps it as one dimension); nothing to reverse.
+    return jnp.flip(x, axis=tuple(dims)) if dims and x.ndim else x
 
 
 @lowers(aten.roll.default)
