@@ -394,6 +394,13 @@ def test_index_put_source_of_another_dtype_raises_pytorchs_error():
     x[index] = 7
     x[x > 5] = torch.tensor(2.0)
     _close(t, x)
+    # one mask and a 1-element CPU value: PyTorch writes with masked_fill_, which casts (any device)
+    half = torch.randn(2, 3).half()
+    mask = half > 0
+    on_tpu = half.to(TPU)
+    on_tpu[mask.to(TPU)] = torch.tensor(float("-inf"))
+    half[mask] = torch.tensor(float("-inf"))
+    _close(on_tpu, half)
 
 
 def test_cat_out_checks_that_the_result_type_can_be_cast():

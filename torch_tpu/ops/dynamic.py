@@ -176,21 +176,28 @@ def _unsafe_index_put_arguments(x, indices, values, accumulate=False):
 
 @prepare(aten.index_put.default, aten.index_put_.default, only_on_miss=True)
 def _index_put_arguments(x, indices, values, accumulate=False):
-    _check_values_dtype(x, values)
+    _check_values_dtype(x, indices, values, accumulate)
     return _unsafe_index_put_arguments(x, indices, values, accumulate)
 
 
 @prepare(aten._index_put_impl_.default, aten._index_put_impl.default, only_on_miss=True)
 def _index_put_impl_arguments(x, indices, values, accumulate=False, unsafe=False):
-    _check_values_dtype(x, values)
+    _check_values_dtype(x, indices, values, accumulate)
     return (x, _index_put_indices(x, indices, values), values, accumulate, unsafe), {}
 
 
-def _check_values_dtype(x, values) -> None:
+def _check_values_dtype(x, indices, values, accumulate) -> None:
     """PyTorch's index_put refuses a source of another dtype (the lowering would cast it): its own
-    error, from its CPU kernel on empty tensors of the two dtypes."""
-    if values.dtype != x.dtype:
-        torch.empty(0, dtype=x.dtype).index_put_((torch.empty(0, dtype=torch.long),), torch.empty(0, dtype=values.dtype))
+    error, from its CPU kernel on empty tensors of the two dtypes. Except where PyTorch writes with
+    masked_fill_ (canDispatchToMaskedFill: no accumulate, one mask on x's device, one CPU value), which
+    casts: `scores[mask] = torch.tensor(float("-inf"))` on half scores works on CUDA."""
+    if values.dtype == x.dtype:
+        return
+    given = [i for i in indices if i is not None]
+    if (not accumulate and values.numel() == 1 and values.device.type == "cpu" and len(given) == 1
+            and given[0].dtype in _MASK_DTYPES and given[0].device == x.device):
+        return
+    torch.empty(0, dtype=x.dtype).index_put_((torch.empty(0, dtype=torch.long),), torch.empty(0, dtype=values.dtype))
 
 
 def _index_put_value_dependent(x, indices, values, *rest):
