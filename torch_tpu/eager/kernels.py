@@ -86,7 +86,7 @@ def register_all() -> None:
         for op in _nested_composites():  # strided nested tpu tensors, as the fallback does
             lib.impl(op, functools.partial(_nested_fallback, op), "NestedTensorPrivateUse1")
         for op in _NESTED_METADATA:  # they clone the CPU metadata: no copy of the buffer
-            lib.impl(op, _redispatch_nested_cpu(op), "NestedTensorPrivateUse1")
+            lib.impl(op, _redispatch_cpu(op, _NESTED_CPU), "NestedTensorPrivateUse1")
         torch_level = registry.kernels()
         for op, kernel in torch_level.items():  # torch-level kernels (ops/dynamic.py)
             add(op, kernel)
@@ -222,9 +222,10 @@ def metadata_ops() -> list:
     return out
 
 
-def _redispatch_cpu(op):
+def _redispatch_cpu(op, keys=_CPU):
+    """`op`'s kernel for the CPU key `keys`, called on tpu tensors (device-generic kernels only)."""
     def kernel(*args, **kwargs):
-        return op.redispatch(_CPU, *args, **kwargs)
+        return op.redispatch(keys, *args, **kwargs)
 
     return kernel
 
@@ -277,13 +278,6 @@ def _nested_composites() -> list:
 _NESTED_METADATA = (aten._nested_tensor_size.default, aten._nested_tensor_strides.default,
                     aten._nested_tensor_storage_offsets.default)
 _NESTED_CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.NestedTensorCPU)
-
-
-def _redispatch_nested_cpu(op):
-    def kernel(*args, **kwargs):
-        return op.redispatch(_NESTED_CPU, *args, **kwargs)
-
-    return kernel
 
 
 def _nested_fallback(op, *args, **kwargs):
