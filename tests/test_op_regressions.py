@@ -410,3 +410,40 @@ def test_cat_out_checks_that_the_result_type_can_be_cast():
     out = torch.empty(0, device=TPU)
     torch.cat([b.to(TPU), b.to(TPU)], out=out)  # long into float: allowed
     _close(out, torch.cat([b, b]).float())
+
+
+def _under_default_dtypes(fn):
+    """fn's results on tpu and CPU under float32, float64 and float32 again (programs of each kept)."""
+    before = torch.get_default_dtype()
+    try:
+        for default in (torch.float32, torch.float64, torch.float32):
+            torch.set_default_dtype(default)
+            for got, want in zip(fn(TPU), fn("cpu")):
+                assert got.dtype == want.dtype, (default, got.dtype, want.dtype)
+                _close(got, want)
+    finally:
+        torch.set_default_dtype(before)
+
+
+def test_results_follow_the_default_dtype_after_it_changes():
+    def ops(device):
+        a, b = torch.tensor([3, 2**40 + 1], device=device), torch.tensor([2, 3], device=device)
+        return [a / b, torch.tensor([1], dtype=torch.uint8, device=device) + 5.5, torch.sqrt(b),
+                torch.scalar_tensor(False, device=device), torch.full((2,), 1.5, device=device),
+                torch.tensor([True], device=device).add(1.5), torch.arange(0, 1, 0.25, device=device),
+                torch.ones(2, device=device)]
+
+    _under_default_dtypes(ops)
+
+
+def test_compiled_results_follow_the_default_dtype_after_it_changes():
+    import torch_tpu.compile
+
+    torch_tpu.compile.register()
+    torch._dynamo.reset()
+    def fn(a, b):
+        return a / b, a + 0.1
+
+    compiled = torch.compile(fn, backend="tpu")
+    _under_default_dtypes(lambda device: (compiled if device == TPU else fn)(
+        torch.tensor([1, 2**40 + 1], device=device), torch.tensor([3, 3], device=device)))

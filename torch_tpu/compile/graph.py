@@ -183,7 +183,8 @@ class GraphFunction:
         if device < 0:
             device = _native.current_device()
         # Inputs held elsewhere too (another storage's buffer, a pending copy) are not donated.
-        return (entries, device, precision.matmul_precision()), addresses, arrays, device
+        # The default dtype too: Dynamo recompiles when it changes, into a graph of the same code.
+        return (entries, device, precision.matmul_precision(), *program_mod.default_dtype_entry()), addresses, arrays, device
 
     @staticmethod
     def _python_key(args):

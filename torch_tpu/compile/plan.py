@@ -517,7 +517,7 @@ class Plan:
                 value = _concrete(value)
                 entries.append(tuple(value) if type(value) is list else value)
         slots = tuple(self.slot_layout[g] for g in local_slots)
-        key = (s.name, self.device, *entries, slots)
+        key = (s.name, self.device, *entries, slots, *program_mod.default_dtype_entry())
         if lowering.precision:
             key = (*key, self.level)
         prog = _programs.get(key)

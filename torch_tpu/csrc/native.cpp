@@ -1098,12 +1098,18 @@ const FastEntry& fast_entry_of(const py::object& fast) {
   return *it->second.second;
 }
 
+// The native keys hold no default dtype: they describe calls made under float32, PyTorch's default.
+// Under another default (float results of integer tensors or Python numbers, scalar_tensor...) the
+// Python path keys the call with it (executor.state_key).
+inline bool default_dtype_is_float() { return at::get_default_dtype_as_scalartype() == at::kFloat; }
+
 // The whole executor for a call whose program is cached and ready: signature,
 // lookup, device scalars, launch, buffer updates, output tensors, return
 // value. Returns `miss` (untouched state) when the Python path must run.
 // `prog.fast` is (input_slots, updated_slots, slot_dtypes, outputs, returns, executable, checked op), see program.py.
 py::object run_cached(py::handle op, py::tuple kinds, py::list full, py::dict buffers, bool static_scalars,
                       py::dict programs, py::dict scalar_cache, py::tuple extra, py::handle miss) {
+  if (!default_dtype_is_float()) return py::reinterpret_borrow<py::object>(miss);
   drain_into(buffers);
   Signature sig;
   if (!build_signature(op, kinds, full, buffers, static_scalars, sig)) return py::reinterpret_borrow<py::object>(miss);
@@ -1821,6 +1827,7 @@ struct BoxedKernel final : c10::OperatorKernel {
   // (unset for a slot never written); false when the call needs the Python path.
   bool build_key(Args args, py::dict& buffers, SlotObjects& slot_keys,
                  SlotObjects& slot_arrays) {
+    if (!default_dtype_is_float()) return false;
     KeyBuilder& b = key_builder();
     b.key.clear();
     b.addresses.clear();

@@ -47,7 +47,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from torch_tpu import _native, metrics, precision, recompiles, xla_options
+from torch_tpu import _native, metrics, recompiles
 from torch_tpu import profiler as _trace
 from torch_tpu.cache import levels as cache_levels
 from torch_tpu.config import config
@@ -118,10 +118,7 @@ def record(spec, lowering, via_functional: bool, full: list):
             valuecheck.raise_if_lost(entries)
         if lowering.rng:  # seed and offset are taken now: the same stream as Strict
             scalars.extend(executor._rng_scalars(generator, device))
-        if xla_options.active:
-            key = (*key, *xla_options.key())
-        if lowering.precision:
-            key = (*key, precision.matmul_precision())
+        key = executor.state_key(key, lowering)
         prog = executor.programs.get(key)
         if prog is None:
             prog = executor._miss(key, spec, lowering, scalars, via_functional)

@@ -246,10 +246,7 @@ def _execute_slow(spec: OpSpec, lowering: Lowering, via_functional: bool, full: 
         _valuecheck.raise_if_lost(slot_entries)
     if lowering.rng:
         scalars.extend(_rng_scalars(generator, device))
-    if xla_options.active:  # compiled with other options: another program (before the level: build reads key[-1])
-        key = (*key, *xla_options.key())
-    if lowering.precision:
-        key = (*key, precision.matmul_precision())
+    key = state_key(key, lowering)
     prog = programs.get(key)
     if prog is None:
         prog = _miss(key, spec, lowering, scalars, via_functional)
@@ -289,6 +286,21 @@ def _execute_slow(spec: OpSpec, lowering: Lowering, via_functional: bool, full: 
     if prog.checks:  # checked at the next materialization point (now, in Debug mode)
         _valuecheck.launched(updated[-1], spec.name, fresh)  # written tensors keep their values on failure
     return _returns(spec, prog, full, outs)
+
+
+def state_key(key: tuple, lowering: Lowering) -> tuple:
+    """`key` (a call's signature) with the global state its program depends on.
+
+    The default dtype when it is not float32 (the native paths key calls under float32 only and leave
+    the others here: csrc/native.cpp, `default_dtype_is_float`), then XLA options other than the defaults,
+    and last the float32 matmul precision of a product (`program.build` reads it from `key[-1]`).
+    """
+    key = (*key, *program_mod.default_dtype_entry())
+    if xla_options.active:
+        key = (*key, *xla_options.key())
+    if lowering.precision:
+        key = (*key, precision.matmul_precision())
+    return key
 
 
 def _miss(key, spec, lowering, scalars, via_functional):

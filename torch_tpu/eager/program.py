@@ -12,7 +12,8 @@ per argument, and one entry per storage slot. Argument entries:
     tuple of "T" entries / None                           a tensor list
     any hashable value                                    a static argument
 Slot entries are (buffer dtype or None if never written, storage nbytes).
-Lowerings flagged `precision` end the key with the float32 matmul precision.
+Under a default dtype other than float32 the key carries it (`default_dtype_entry`);
+lowerings flagged `precision` end the key with the float32 matmul precision.
 (The entry tags and reading entries back into arguments: keys.py.)
 
 Everything an `OpProgram` needs derives from the key, so equal keys give equal
@@ -129,6 +130,17 @@ class OpProgram:
         direct = cache_executable.direct_launch(self.executable, n_arguments, fresh, updated)
         if direct is not None:
             self.fast = (*self.fast[:5], direct, self.fast[6])
+
+
+def default_dtype_entry() -> tuple:
+    """The key entries for `torch.get_default_dtype()`: none for float32, PyTorch's default.
+
+    A program's result dtypes can depend on it (float results of integer tensors or Python numbers,
+    `scalar_tensor`, factories without a dtype), and a program is built under the default of its
+    first call.
+    """
+    default = torch.get_default_dtype()
+    return () if default is torch.float32 else (("default dtype", default),)
 
 
 def build(key, spec: OpSpec, lowering: Lowering, scalars: list, via_functional: bool) -> OpProgram:
