@@ -447,3 +447,65 @@ def test_compiled_results_follow_the_default_dtype_after_it_changes():
     compiled = torch.compile(fn, backend="tpu")
     _under_default_dtypes(lambda device: (compiled if device == TPU else fn)(
         torch.tensor([1, 2**40 + 1], device=device), torch.tensor([3, 3], device=device)))
+
+
+_HALF = torch.tensor([33000.0, 1.5, 2.0], dtype=torch.float16)  # 33000 + 33000 overflows in half
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x, out: torch.add(x, x, alpha=2, out=out), lambda x, out: torch.mul(x, 3, out=out),
+    lambda x, out: torch.addcmul(x, x, x, out=out), lambda x, out: torch.sqrt(x, out=out),
+    lambda x, out: torch.exp(x, out=out), lambda x, out: torch.sigmoid(x, out=out),
+    lambda x, out: torch.hypot(x, x, out=out),
+], ids=["add", "mul", "addcmul", "sqrt", "exp", "sigmoid", "hypot"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_out_of_a_wider_dtype_gets_the_result_rounded_to_the_ops_dtype(fn, dtype):
+    """TensorIterator computes in the inputs' dtype and casts to out's: add(half, half, out=double) is inf."""
+    out = torch.empty(0, dtype=dtype)
+    fn(_HALF, out)
+    out_tpu = torch.empty(0, dtype=dtype, device=TPU)
+    fn(_HALF.to(TPU), out_tpu)
+    _close(out_tpu, out, equal_nan=True)
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x, out: torch.cumsum(x, 0, out=out), lambda x, out: torch.cumprod(x, 0, out=out),
+    lambda x, out: torch.sum(x, 0, out=out), lambda x, out: torch.prod(x, 0, out=out),
+    lambda x, out: torch.nansum(x, 0, out=out), lambda x, out: torch.mean(x, 0, out=out),
+], ids=["cumsum", "cumprod", "sum", "prod", "nansum", "mean"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64])
+def test_reductions_with_out_compute_in_outs_dtype(fn, dtype):
+    """ATen's sum_out/cumsum_out...: no dtype given, out's dtype is the one computed in (PyTorch's Python
+    references compute in the input's and cast)."""
+    out = torch.empty(0, dtype=dtype)
+    try:
+        fn(_HALF, out)
+    except (RuntimeError, NotImplementedError):  # a CPU kernel without this dtype (nansum into long, mean)
+        return
+    out_tpu = torch.empty(0, dtype=dtype, device=TPU)
+    fn(_HALF.to(TPU), out_tpu)
+    _close(out_tpu, out)
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x, out: torch.neg(x, out=out), lambda x, out: torch.clamp_min(x, 0, out=out),
+    lambda x, out: torch.round(x, out=out), lambda x, out: torch.amax(x, 0, out=out),
+    lambda x, out: torch._softmax(x, 0, False, out=out), lambda x, out: torch.logcumsumexp(x, 0, out=out),
+    lambda x, out: torch.linalg.vector_norm(x, out=out),
+    lambda x, out: torch.index_select(x, 0, torch.tensor([1, 0], device=x.device), out=out),
+    lambda x, out: torch.take(x, torch.tensor([1, 0], device=x.device), out=out),
+], ids=["neg", "clamp_min", "round", "amax", "softmax", "logcumsumexp", "vector_norm", "index_select", "take"])
+def test_out_of_a_dtype_the_kernel_refuses_raises_pytorchs_error(fn):
+    """The Python-reference meta kernels cast into any out=; PyTorch's kernels refuse these on every device."""
+    _same_error(lambda x: fn(x, torch.empty(0, dtype=torch.float64, device=x.device)), _HALF)
+    out = torch.empty(0, dtype=torch.float16, device=TPU)  # out of the input's dtype: computed as on CPU
+    fn(_HALF.to(TPU), out)
+    expected = torch.empty(0, dtype=torch.float16)
+    fn(_HALF, expected)
+    _close(out, expected, atol=1e-3, rtol=1e-3)
+
+
+def test_mean_of_integers_into_a_float_out_raises_as_on_cpu():
+    """ATen's mean_out infers its dtype from the input before it looks at out's."""
+    _same_error(lambda x: torch.mean(x, 0, out=torch.empty(0, dtype=torch.float64, device=x.device)),
+                torch.tensor([[1, 2], [3, 4]]))

@@ -298,3 +298,45 @@ def test_csr_mm_with_dense_operands():
     a = torch.randn(5, 3)
     torch.testing.assert_close(torch.addmm(a.to("tpu"), csr_t, d.to("tpu"), beta=0.5, alpha=2.0).cpu(),
                                torch.addmm(a, csr, d, beta=0.5, alpha=2.0))
+
+
+def _same_result(fn, *cpu_args):
+    """fn on tpu copies of cpu_args gives CPU's result (dense values, dtype, layout) or CPU's error."""
+    try:
+        expected = fn(*cpu_args)
+    except RuntimeError as err:
+        with pytest.raises(RuntimeError) as tpu_err:
+            fn(*[a.to("tpu") if isinstance(a, torch.Tensor) else a for a in cpu_args])
+        assert str(tpu_err.value) == str(err)
+        return
+    actual = fn(*[a.to("tpu") if isinstance(a, torch.Tensor) else a for a in cpu_args])
+    assert (actual.layout, actual.dtype, actual.device.type) == (expected.layout, expected.dtype, "tpu")
+    to_dense = (lambda t: t.to_dense()) if expected.is_sparse else (lambda t: t)
+    torch.testing.assert_close(to_dense(actual).cpu(), to_dense(expected))
+
+
+@pytest.mark.parametrize("name, fn", [
+    ("sparse * sparse", lambda a, b, d: a * b), ("sparse * itself", lambda a, b, d: a * a),
+    ("sparse * dense", lambda a, b, d: a * d), ("dense * sparse", lambda a, b, d: d * a),
+    ("sparse * broadcast dense", lambda a, b, d: a * d[0]), ("sparse * 2.5", lambda a, b, d: a * 2.5),
+    ("sparse * 0-dim", lambda a, b, d: a * d[0, 0]), ("sparse / 2", lambda a, b, d: a / 2),
+    ("sparse // 2", lambda a, b, d: torch.div(a, 2, rounding_mode="floor")), ("sparse / dense", lambda a, b, d: a / d),
+    ("sparse - sparse", lambda a, b, d: a - b), ("dense - sparse", lambda a, b, d: d - a),
+    ("sparse - dense", lambda a, b, d: a - d), ("sparse + 2.0", lambda a, b, d: a + 2.0), ("-sparse", lambda a, b, d: -a),
+    ("mul_", lambda a, b, d: a.clone().mul_(b)), ("mul_ 3", lambda a, b, d: a.clone().mul_(3)),
+    ("div_", lambda a, b, d: a.clone().div_(4)), ("sub_", lambda a, b, d: a.clone().sub_(b, alpha=2)),
+])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
+def test_sparse_arithmetic_matches_cpu(name, fn, dtype):
+    """sub/mul/div on sparse tpu tensors (PyTorch's test_sparse_{sub,mul,div}, found by running PyTorch's
+    test_type_promotion on tpu): sparse * sparse keeps the indices both hold."""
+    a = (_uncoalesced(20, dense=(2,)) * 4).to(dtype)
+    b = (_uncoalesced(21, dense=(2,)) * 4).to(dtype)
+    _same_result(fn, a, b, torch.randn(5, 6, 2).mul(3).to(dtype))
+
+
+def test_sparse_bool_subtraction_and_uncastable_in_place_raise_pytorchs_error():
+    s = torch.sparse_coo_tensor(torch.tensor([[0, 1]]), torch.tensor([True, False]), (3,))
+    _same_result(lambda a: a - a, s)
+    ints = torch.sparse_coo_tensor(torch.tensor([[0, 1]]), torch.tensor([3, 4]), (3,))
+    _same_result(lambda a: a.clone().div_(2), ints)

@@ -40,6 +40,44 @@ def as_cpu_error(spec, key, scalars, err: BaseException) -> BaseException:
         for entry in keys.tensor_entries(spec.kinds[i], key_args[i]):
             if any(stride == 0 and size > 1 for size, stride in zip(entry[2], entry[3])):
                 return RuntimeError(_INTERNAL_OVERLAP)
+    cpu_err = _replay(spec, key_args, scalars)
+    if cpu_err is None or (type(cpu_err) is type(err) and str(cpu_err) == str(err)):
+        return err
+    return cpu_err
+
+
+def check_out_dtypes(spec, key_args, scalars, result_dtype) -> None:
+    """Raise PyTorch's error for an out= tensor of a dtype its kernel refuses: neg(half, out=float)
+    raises "Found dtype Float but expected Half" on every device (TensorIterator's same-dtype check),
+    which the Python-reference meta kernels let through (they cast). Asked of the CPU kernel when an
+    out= dtype is none of the inputs', the promoted result's, long or bool; only its dtype errors
+    are raised (a CPU kernel's missing dtype, "not implemented for 'Half'", is not ours)."""
+    if not spec.is_out or spec.op.namespace not in _PYTORCH_NAMESPACES:
+        return
+    expected = {torch.int64, torch.bool, result_dtype}
+    written = []
+    for i, kind in enumerate(spec.kinds):
+        for entry in keys.tensor_entries(kind, key_args[i]):
+            if i in spec.writes:
+                written.append(entry[1])
+            else:
+                expected.add(entry[1])
+    if all(dtype in expected for dtype in written):
+        return
+    cpu_err = _replay(spec, key_args, scalars)
+    if cpu_err is not None and _is_dtype_error(cpu_err):
+        raise cpu_err
+
+
+def _is_dtype_error(err: BaseException) -> bool:
+    text = str(err)
+    return (isinstance(err, RuntimeError) and ("dtype" in text or "scalar_type" in text or "scalar type" in text)
+            and "not implemented for" not in text and "Unsupported dtype" not in text)
+
+
+def _replay(spec, key_args, scalars) -> BaseException | None:
+    """The exception PyTorch's CPU kernel raises for these arguments on zeros, or None (it accepts them, or
+    they cannot be replayed: too big, not rebuildable)."""
     too_big = []
 
     def tensor(entry, offset):
@@ -49,22 +87,20 @@ def as_cpu_error(spec, key, scalars, err: BaseException) -> BaseException:
 
     try:
         args, _ = keys.rebuild(spec, key_args, [_host(s) for s in scalars], tensor, lambda v, t: v,
-                                   lambda v, dtype: torch.tensor(v, dtype=dtype), lambda vs, ts: list(vs))
-    except Exception:
-        return err
+                               lambda v, dtype: torch.tensor(v, dtype=dtype), lambda vs, ts: list(vs))
+    except Exception:  # noqa: BLE001
+        return None
     if too_big:
-        return err
+        return None
     if "device" in spec.index:
         args[spec.index["device"]] = torch.device("cpu")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             spec.call(args)
-    except Exception as cpu_err:  # noqa: BLE001  (PyTorch's own error: the one to raise)
-        if type(cpu_err) is type(err) and str(cpu_err) == str(err):
-            return err
+    except Exception as cpu_err:  # noqa: BLE001  (PyTorch's own error)
         return cpu_err
-    return err
+    return None
 
 
 def _host(value):

@@ -101,6 +101,11 @@ def spec(op: torch._ops.OpOverload, mutates: tuple[str, ...] = (), runtime: tupl
     return OpSpec(op, mutates, runtime)
 
 
+# Reductions and scans whose out= form, given no dtype, computes in out's dtype (ATen's sum_out,
+# cumsum_out...): cumsum(half, out=float) accumulates in float; prod(half, out=long) multiplies longs.
+OUT_DTYPE_IS_DTYPE = frozenset(("cumsum", "cumprod", "sum", "prod", "nansum", "mean"))
+
+
 def functional_counterpart(op: torch._ops.OpOverload) -> torch._ops.OpOverload | None:
     """The non-mutating overload whose results a mutating op writes, or None.
 

@@ -38,7 +38,7 @@ from torch_tpu.eager.keys import (  # the tags also as program_mod.* (executor.p
     CPU_SCALAR, DYNAMIC, SCALAR, SCALAR_LIST, TENSOR, tensor_entries,
 )
 from torch_tpu.eager.keys import TENSOR_KINDS as _TENSOR_KINDS, rebuild as _rebuild
-from torch_tpu.eager.opspec import Arg, OpSpec
+from torch_tpu.eager.opspec import OUT_DTYPE_IS_DTYPE, Arg, OpSpec
 from torch_tpu.ops import checks
 from torch_tpu.ops.registry import Lowering
 from torch_tpu.runtime import dtypes, strided
@@ -156,7 +156,8 @@ def build(key, spec: OpSpec, lowering: Lowering, scalars: list, via_functional: 
 
 def _build(key, spec: OpSpec, lowering: Lowering, scalars: list, via_functional: bool) -> OpProgram:
     device = key[1]
-    key_args = key[2:2 + spec.n_args]
+    given = key[2:2 + spec.n_args]
+    key_args = _out_dtype_as_dtype(spec, given)
     slots = key[2 + spec.n_args]
 
     # PyTorch's own output metadata and error messages: run the op on meta tensors.
@@ -176,14 +177,18 @@ def _build(key, spec: OpSpec, lowering: Lowering, scalars: list, via_functional:
         functional_names = [a.name for a in lowering.op._schema.arguments]
         if sorted(functional_names) == sorted(spec.names[i] for i in passed):
             passed = tuple(spec.index[name] for name in functional_names)
-    compute_dtype = None
+    compute_dtype = rounded = None
     if lowering.promote is not None:
         participants = [
             meta_args[i] for i in passed
             if meta_args[i] is not None and spec.kinds[i] in _PROMOTABLE
             and (lowering.promote_args is None or spec.names[i] in lowering.promote_args)
         ]
-        compute_dtype, _ = elementwise_dtypes(*participants, type_promotion_kind=lowering.promote.value)
+        compute_dtype, result_dtype = elementwise_dtypes(*participants, type_promotion_kind=lowering.promote.value)
+        if via_functional and spec.is_out:  # TensorIterator's rule: the result in its own dtype, then cast to out's
+            rounded = result_dtype
+    if spec.is_out:
+        cpu_errors.check_out_dtypes(spec, given, scalars, rounded)
 
     input_slots = tuple(i for i, (buffer_dtype, _) in enumerate(slots) if buffer_dtype is not None)
     updated_slots = tuple(sorted({e[5] for i in spec.writes for e in tensor_entries(spec.kinds[i], key_args[i])}))
@@ -207,7 +212,7 @@ def _build(key, spec: OpSpec, lowering: Lowering, scalars: list, via_functional:
                                  None, device)
     checked = config.value_checks and checks.declares(lowering.fn)
     trace = _make_trace(spec, lowering, key_args, slots, slot_dtypes, passed, input_slots, updated_slots, outputs,
-                        compute_dtype, checked=checked)
+                        compute_dtype, checked=checked, rounded=rounded)
     if lowering.precision:  # products run at the level in the key, wherever and whenever the trace runs
         trace = precision.bind(trace, key[-1])
     trace.op_name = str(spec.op)  # what a long-compile notice names (compile_notice.py)
@@ -249,6 +254,17 @@ def returns(spec: OpSpec, prog: OpProgram, full: list, outs: list):
             results.append(outs[position])
             position += 1
     return tuple(results) if results else None
+
+
+def _out_dtype_as_dtype(spec: OpSpec, key_args: tuple) -> tuple:
+    """`key_args` with out's dtype as the dtype of an op that computes in it (opspec.OUT_DTYPE_IS_DTYPE)."""
+    if not (spec.is_out and "dtype" in spec.index and spec.name.split(".")[1] in OUT_DTYPE_IS_DTYPE):
+        return key_args
+    i = spec.index["dtype"]
+    out = key_args[spec.writes[0]]
+    if key_args[i] is not None or out is None:
+        return key_args
+    return (*key_args[:i], out[1], *key_args[i + 1:])
 
 
 def _meta_tensor(entry, offset):
@@ -329,7 +345,10 @@ def _probe_outputs(spec, lowering, key_args, slots, slot_dtypes, passed, input_s
 
 
 def _make_trace(spec, lowering, key_args, slots, slot_dtypes, passed, input_slots, updated_slots, outputs, compute_dtype,
-                flatten=True, checked=False):
+                flatten=True, checked=False, rounded=None):
+    """The program's function; `rounded`: the dtype a written floating value is rounded to before it is
+    cast to its tensor's (an out= of a wider dtype than the op's result: add(half, half, out=double)
+    overflows in half, as on CPU)."""
     fn = lowering.fn
     scope = str(spec.op)
     writes = spec.writes
@@ -344,6 +363,8 @@ def _make_trace(spec, lowering, key_args, slots, slot_dtypes, passed, input_slot
         (dtypes.to_jax(dtype), nbytes // dtype.itemsize) for dtype, (_, nbytes) in zip(slot_dtypes, slots)
     ]
     n_rng = RNG_SCALARS if lowering.rng else 0
+    jax_rounded = dtypes.to_jax(rounded) if rounded is not None and (rounded.is_floating_point or rounded.is_complex) \
+        else None
     layout = {}
     if lowering.layout_args:  # the key's strides: (tag, dtype, sizes, strides, offset, slot)
         layout["contiguous"] = tuple(strided.is_contiguous(*key_args[spec.index[name]][2:4])
@@ -393,6 +414,8 @@ def _make_trace(spec, lowering, key_args, slots, slot_dtypes, passed, input_slot
                 for (j, target), v in zip(targets, values):
                     if target is None:
                         continue
+                    if jax_rounded is not None and jnp.issubdtype(jnp.result_type(v), jnp.inexact):
+                        v = jnp.asarray(v).astype(jax_rounded)
                     _, dtype, sizes, strides, _, slot = target
                     buf = strided.reinterpret(bufs[slot], dtypes.to_jax(dtype))
                     buf = strided.write(buf, jnp.asarray(v), sizes, strides, offsets[(arg_index, j)])

@@ -173,6 +173,8 @@ def _add_into_dense(dense, s, alpha):
 
 
 def _add(a, b, alpha=1):
+    if not (isinstance(b, torch.Tensor) and b.is_sparse) and a.is_sparse:  # sparse + dense or a number
+        raise RuntimeError("add(sparse, dense) is not supported. Use add(dense, sparse) instead.")
     dtype = torch.result_type(a, b)
     if a.is_sparse and b.is_sparse:
         _check_same_size("add", a, b)
@@ -181,12 +183,9 @@ def _add(a, b, alpha=1):
         indices = torch.cat([a._indices(), b._indices()], 1)
         values = torch.cat([a._values().to(dtype), _scaled(b._values(), alpha, dtype)], 0)
         return _make(indices, values, a.shape, False)
-    if b.is_sparse:  # dense + alpha * sparse
-        _check_same_size("add", a, b)
-        return _add_into_dense(a.to(dtype, copy=True), b, alpha)
-    # sparse + alpha * dense
+    # dense + alpha * sparse
     _check_same_size("add", a, b)
-    return _add_into_dense(b.to(dtype) * alpha if alpha != 1 else b.to(dtype, copy=True), a, 1)
+    return _add_into_dense(a.to(dtype, copy=True), b, alpha)
 
 
 def _add_(a, b, alpha=1):
@@ -207,6 +206,82 @@ def _add_out(a, b, *, alpha=1, out):
     if out.is_sparse:
         return out.copy_(result)
     return out.resize_(result.shape).copy_(result)
+
+
+def _check_sub(a, b):
+    if a.dtype == torch.bool and isinstance(b, torch.Tensor) and b.dtype == torch.bool:
+        raise RuntimeError("Subtraction, the `-` operator, with two bool tensors is not supported. "
+                           "Use the `^` or `logical_xor()` operator instead.")
+
+
+def _sub(a, b, alpha=1):
+    _check_sub(a, b)
+    return _add(a, b, -alpha)
+
+
+def _sub_(a, b, alpha=1):
+    _check_sub(a, b)
+    return _add_(a, b, -alpha)
+
+
+def _neg(s):
+    return _make(s._indices().clone(), -s._values(), s.shape, s.is_coalesced())
+
+
+def _scalar_like(x) -> bool:
+    """A Python number or a 0-dim dense tensor: it scales every value."""
+    return not isinstance(x, torch.Tensor) or (not x.is_sparse and x.dim() == 0)
+
+
+def _intersection(a, b):
+    """(rows of a, rows of b) of the sparse indices both coalesced `a` and `b` hold."""
+    sizes = list(a.shape[:a.sparse_dim()])
+    la, lb = _linear(a._indices(), sizes), _linear(b._indices(), sizes)
+    if la.shape[0] == 0 or lb.shape[0] == 0:
+        empty = torch.zeros(0, dtype=torch.int64, device=a.device)
+        return empty, empty
+    at = torch.searchsorted(lb, la).clamp_(max=lb.shape[0] - 1)  # coalesced: lb sorted and unique
+    rows = torch.nonzero(lb[at] == la).squeeze(1)
+    return rows, at[rows]
+
+
+def _mul(a, b):
+    dtype = torch.result_type(a, b)
+    if not (isinstance(a, torch.Tensor) and a.is_sparse):  # dense * sparse: the same product
+        a, b = b, a
+    if isinstance(b, torch.Tensor) and b.is_sparse:  # sparse * sparse: the indices both hold
+        _check_same_size("mul", a, b)
+        a, b = a.coalesce(), b.coalesce()
+        rows_a, rows_b = _intersection(a, b)
+        values = a._values()[rows_a].to(dtype) * b._values()[rows_b].to(dtype)
+        return _make(a._indices()[:, rows_a], values, a.shape, True)
+    if _scalar_like(b):
+        values = a._values() * b
+    else:  # a dense tensor (broadcast to the sparse shape): its elements at the sparse indices
+        values = a._values() * b.expand(a.shape)[tuple(a._indices())]
+    return _make(a._indices().clone(), values.to(dtype), a.shape, a.is_coalesced())
+
+
+def _div(a, b, *, rounding_mode=None):
+    if not _scalar_like(b):
+        shape = list(b.shape)
+        raise RuntimeError(f"Sparse division requires a scalar or zero-dim dense tensor divisor (got shape {shape} "
+                           "for divisor)")
+    if rounding_mode is not None:  # not linear: duplicates are summed first (as on CPU)
+        a = a.coalesce()
+    values = torch.div(a._values(), b, rounding_mode=rounding_mode)
+    return _make(a._indices().clone(), values, a.shape, a.is_coalesced())
+
+
+def _in_place(kernel):
+    """The in-place form of a sparse kernel: the result copied into `a` (a sparse tensor)."""
+    def in_place(a, *args, **kwargs):
+        result = kernel(a, *args, **kwargs)
+        if not torch.can_cast(result.dtype, a.dtype):  # PyTorch's own message, from a CPU in-place op
+            torch.empty(0, dtype=a.dtype).add_(torch.empty(0, dtype=result.dtype))
+        return a.copy_(result.to(a.dtype))
+
+    return in_place
 
 
 def _check_mm(a, b, name="mm"):
@@ -469,6 +544,15 @@ def sparse_kernels() -> dict:
         aten.add.Tensor: _add,
         aten.add_.Tensor: _add_,
         aten.add.out: _add_out,
+        aten.sub.Tensor: _sub,
+        aten.sub_.Tensor: _sub_,
+        aten.neg.default: _neg,
+        aten.mul.Tensor: _mul,
+        aten.mul_.Tensor: _in_place(_mul),
+        aten.div.Tensor: _div,
+        aten.div.Tensor_mode: _div,
+        aten.div_.Tensor: _in_place(_div),
+        aten.div_.Tensor_mode: _in_place(_div),
         aten.mm.default: _mm,
         aten.addmm.default: _addmm,
         aten.sparse_mask.default: _sparse_mask,

@@ -56,6 +56,12 @@ _CPP_NAMES = {torch.float32: "float", torch.float64: "double", torch.float16: "c
               torch.complex64: "c10::complex<float>", torch.complex128: "c10::complex<double>"}
 
 
+# ... and its ScalarType names.
+_SCALAR_TYPES = {torch.float32: "Float", torch.float64: "Double", torch.float16: "Half", torch.bfloat16: "BFloat16",
+                 torch.int64: "Long", torch.int32: "Int", torch.int16: "Short", torch.int8: "Char", torch.uint8: "Byte",
+                 torch.bool: "Bool", torch.complex64: "ComplexFloat", torch.complex128: "ComplexDouble"}
+
+
 def _same_dtype(out: torch.Tensor, dtype: torch.dtype) -> None:
     if out.dtype != dtype:
         raise RuntimeError(f"Expected out tensor to have dtype {_CPP_NAMES.get(dtype, dtype)}, but got "
@@ -93,12 +99,17 @@ def gather_out(x, dim, index, *, sparse_grad=False, out):
 @kernel(aten.index_select.out)
 def index_select_out(x, dim, index, *, out):
     _check(out, (x, index))
+    if out.dtype != x.dtype:
+        raise RuntimeError("index_select(): self and result must have the same scalar type")
     return _write(out, aten.index_select.default(x, dim, index), (x, index))
 
 
 @kernel(aten.take.out)
 def take_out(x, index, *, out):
     _check(out, (x, index))
+    if out.dtype != x.dtype:
+        raise RuntimeError(f"take(): self and out expected to have the same dtype, but got self.dtype = "
+                           f"{_SCALAR_TYPES.get(x.dtype, x.dtype)} and out.dtype = {_SCALAR_TYPES.get(out.dtype, out.dtype)}")
     return _write(out, aten.take.default(x, index), (x, index))
 
 
