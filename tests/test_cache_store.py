@@ -135,6 +135,26 @@ def test_lru_eviction_keeps_recently_used(tmp_path):
     assert host.evictions == 1
 
 
+def test_writes_do_not_rescan_the_directory_each_time(tmp_path, monkeypatch):
+    """A scan stats every entry (~0.5 s for 80,000): writes count their bytes and rescan at most every
+    _RESCAN_SECONDS, and the limit still evicts."""
+    host = store.HostStore(str(tmp_path / "c"), 10_000, 5)
+    scans = []
+    entries = host.entries
+    monkeypatch.setattr(host, "entries", lambda: scans.append(1) or entries())
+    for i in range(30):
+        host.put(f"e{i}.exe", b"x" * 100)
+    assert len(scans) == 1 and host.evictions == 0
+    for i in range(30, 80):  # 8000 bytes written past the 3000 held: over the limit once
+        host.put(f"e{i}.exe", b"x" * 160)
+    assert host.evictions > 0 and len(scans) <= 3
+    assert sum(size for _, size, _ in entries()) <= 10_000
+    monkeypatch.setattr(store, "_RESCAN_SECONDS", 0.0)  # another process's writes show at the next scan
+    (tmp_path / "c" / "other.exe").write_bytes(b"y" * 9000)
+    host.put("last.exe", b"z")
+    assert sum(size for _, size, _ in entries()) <= 10_000
+
+
 def test_single_flight_waits_then_times_out(tmp_path):
     """A second holder of the same key waits while the first holds it, and gives up after the timeout."""
     host = store.HostStore(str(tmp_path / "c"), 1 << 20, 0.3)

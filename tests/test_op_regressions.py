@@ -509,3 +509,59 @@ def test_mean_of_integers_into_a_float_out_raises_as_on_cpu():
     """ATen's mean_out infers its dtype from the input before it looks at out's."""
     _same_error(lambda x: torch.mean(x, 0, out=torch.empty(0, dtype=torch.float64, device=x.device)),
                 torch.tensor([[1, 2], [3, 4]]))
+
+
+def test_fmax_fmin_ignore_nan_and_maximum_minimum_propagate_it():
+    """Found by PyTorch's test_binary_ufuncs on tpu: fmax/fmin were lowered to maximum/minimum."""
+    nan, inf = float("nan"), float("inf")
+    a = torch.tensor([nan, 1.0, nan, inf, -inf, 0.0, nan, 2.0])
+    b = torch.tensor([1.0, nan, nan, -inf, inf, -0.0, inf, nan])
+    for op in (torch.fmax, torch.fmin, torch.maximum, torch.minimum):
+        _close(op(a.to(TPU), b.to(TPU)), op(a, b), equal_nan=True)
+    ints = torch.tensor([1, 5]), torch.tensor([3, 2])
+    _close(torch.fmax(ints[0].to(TPU), ints[1].to(TPU)), torch.fmax(*ints))
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.int8])
+def test_integer_powers_of_negative_integers_as_pytorch(dtype):
+    """A negative integer power of an integer is 0 (1 and -1 excepted); a negative Python exponent raises."""
+    base = torch.tensor([-3, -2, -1, 0, 1, 2, 3], dtype=dtype)
+    exponent = base.clone()
+    _close(torch.pow(base.view(-1, 1).to(TPU), exponent.view(1, -1).to(TPU)), torch.pow(base.view(-1, 1), exponent))
+    _close(torch.pow(2, exponent.to(TPU)), torch.pow(2, exponent))
+    _close(torch.pow(-1, exponent.to(TPU)), torch.pow(-1, exponent))
+    _same_error(lambda x: torch.pow(x, -2), base)
+    _close(base.to(TPU) ** 3, base ** 3)
+
+
+def test_float_powers_with_a_python_exponent_match_cpu():
+    x = torch.randn(64) * 3
+    for exponent in (2, 3, -1, -2.0, 0.5, 2.5, 0, 1):
+        _close((x.to(TPU) ** exponent), x ** exponent, equal_nan=True, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x: x.to(torch.int32).mul_(1.5), lambda x: x.to(torch.int32).mul_(x),
+    lambda x: x.to(torch.int64).addcmul_(x, x), lambda x: x.to(torch.int64) - x.bool(),
+    lambda x: x.bool() - 1, lambda x: torch.rsub(x.to(torch.int64), x.bool()),
+    lambda x: torch.heaviside(x.bool(), x), lambda x: torch.heaviside(x.to(torch.int64), x),
+    lambda x: torch.relu(x.bool()),
+], ids=["int.mul_(float)", "int.mul_(tensor)", "int.addcmul_", "int - bool", "bool - 1", "rsub bool", "heaviside bool",
+        "heaviside int", "relu bool"])
+def test_argument_checks_the_meta_kernels_skip(fn):
+    """Found by PyTorch's test_binary_ufuncs on tpu: ATen checks these on every device, its meta kernels do not."""
+    _same_error(fn, torch.tensor([1.5, 2.0]))
+
+
+@pytest.mark.parametrize("fn", [
+    lambda t, i: torch.special.xlog1py(t, 5), lambda t, i: torch.special.xlog1py(3.14, t),
+    lambda t, i: torch.special.chebyshev_polynomial_t(t, 3), lambda t, i: torch.special.hermite_polynomial_h(t, 2),
+    lambda t, i: torch.special.zeta(t, 2.0), lambda t, i: torch.bitwise_and(7, i), lambda t, i: torch.bitwise_or(3, i[0]),
+], ids=["xlog1py(t, 5)", "xlog1py(3.14, t)", "chebyshev_t(t, 3)", "hermite_h(t, 2)", "zeta(t, 2.0)", "and(7, i)",
+        "or(3, 0-dim int8)"])
+def test_scalar_overloads_run_as_the_tensor_op_with_a_wrapped_number(fn):
+    """Found by PyTorch's test_binary_ufuncs on tpu: the meta run refused the Python number in a Tensor slot."""
+    t, i = torch.tensor([0.5, 2.0, 3.0]), torch.tensor([1, 6, 5], dtype=torch.int8)
+    got, want = fn(t.to(TPU), i.to(TPU)), fn(t, i)
+    assert got.dtype == want.dtype
+    _close(got, want, equal_nan=True)

@@ -69,6 +69,18 @@ def check_out_dtypes(spec, key_args, scalars, result_dtype) -> None:
         raise cpu_err
 
 
+def check_cast(result_dtype: torch.dtype, written) -> None:
+    """PyTorch's error for an in-place op whose result type cannot be cast to its tensor's dtype
+    (`written`: the tensor's key entry). Some meta kernels (mul_, addcmul_) let it through."""
+    if written is None or written[0] != keys.TENSOR or torch.can_cast(result_dtype, written[1]):
+        return
+    try:  # the CPU kernel's own words ("result type Float can't be cast to the desired output type Int")
+        torch.empty(0, dtype=written[1]).add_(torch.empty(0, dtype=result_dtype))
+    except RuntimeError as err:
+        raise err from None
+    raise RuntimeError(f"result type {result_dtype} can't be cast to the desired output type {written[1]}")
+
+
 def _is_dtype_error(err: BaseException) -> bool:
     text = str(err)
     return (isinstance(err, RuntimeError) and ("dtype" in text or "scalar_type" in text or "scalar type" in text)
@@ -114,22 +126,42 @@ def _host(value):
 
 
 _ALPHA_OPS = frozenset(("add", "sub", "rsub"))
+_SUB_OPS = frozenset(("sub", "rsub", "subtract"))
 
 
-def check_alpha(spec, meta_args) -> None:
-    """PyTorch's alpha_check (ATen's BinaryOps.h) for add/sub/rsub and their variants: their meta
-    kernels (Python references) let a float alpha with a bool tensor, and a bool alpha with a
-    non-bool result, through."""
-    if "alpha" not in spec.index or spec.name.split(".")[1].rstrip("_") not in _ALPHA_OPS:
-        return
-    alpha = _host(meta_args[spec.index["alpha"]])
+def _is_bool(x) -> bool:
+    return isinstance(x, bool) or (isinstance(x, torch.Tensor) and x.dtype == torch.bool)
+
+
+def check_arguments(spec, meta_args) -> None:
+    """Argument checks ATen's kernels make on every device that the meta kernels (Python references)
+    skip, at build time: alpha_check (BinaryOps.h) for add/sub/rsub (a float alpha with a bool
+    tensor, a bool alpha with a non-bool result), sub_check (a bool operand), heaviside's same-dtype
+    check, relu of bool."""
+    base = spec.name.split(".")[1].rstrip("_")
+    if base in _SUB_OPS and len(meta_args) > 1:
+        a, b = _host(meta_args[0]), _host(meta_args[1])
+        if _is_bool(a) and _is_bool(b):
+            raise RuntimeError("Subtraction, the `-` operator, with two bool tensors is not supported. "
+                               "Use the `^` or `logical_xor()` operator instead.")
+        if _is_bool(a) or _is_bool(b):
+            raise RuntimeError("Subtraction, the `-` operator, with a bool tensor is not supported. "
+                               "If you are trying to invert a mask, use the `~` or `logical_not()` operator instead.")
+    elif base == "heaviside" and meta_args[0].dtype != meta_args[1].dtype:
+        raise RuntimeError("heaviside is not yet implemented for tensors with different dtypes.")
+    elif base == "relu" and meta_args[0].dtype == torch.bool:
+        raise RuntimeError("Boolean inputs not supported for relu")
+    if "alpha" in spec.index and base in _ALPHA_OPS:
+        _check_alpha(meta_args[0], meta_args[1], _host(meta_args[spec.index["alpha"]]))
+
+
+def _check_alpha(a, b, alpha) -> None:
     if alpha is None:
         return
-    dtype = torch.result_type(meta_args[0], meta_args[1])
+    dtype = torch.result_type(a, b)
     if isinstance(alpha, bool) and dtype != torch.bool:
         raise RuntimeError("Boolean alpha only supported for Boolean results.")
     if not (dtype.is_floating_point or dtype.is_complex) and not isinstance(alpha, (bool, int)):
         raise RuntimeError("For integral input tensors, argument alpha must not be a floating point number.")
     if not dtype.is_complex and isinstance(alpha, complex):
         raise RuntimeError("For non-complex input tensors, argument alpha must not be a complex number.")
-

@@ -168,7 +168,7 @@ def _build(key, spec: OpSpec, lowering: Lowering, scalars: list, via_functional:
     # A lowering's meta override is called like its own op: a derived variant runs its own meta kernel.
     meta_override = None if via_functional else lowering.meta
     outputs, return_counts, resize, values = _meta_outputs(spec, meta_args, key_args, meta_override)
-    cpu_errors.check_alpha(spec, meta_args)
+    cpu_errors.check_arguments(spec, meta_args)
 
     # The arguments the lowering sees: out= arguments are not the functional op's, and a variant may
     # order its arguments differently from its functional op (polygamma_(self, n) vs polygamma(n, self)).
@@ -187,6 +187,8 @@ def _build(key, spec: OpSpec, lowering: Lowering, scalars: list, via_functional:
         compute_dtype, result_dtype = elementwise_dtypes(*participants, type_promotion_kind=lowering.promote.value)
         if via_functional and spec.is_out:  # TensorIterator's rule: the result in its own dtype, then cast to out's
             rounded = result_dtype
+        elif via_functional and 0 in spec.writes:  # in place: the result must cast to self's dtype (int.mul_(1.5))
+            cpu_errors.check_cast(result_dtype, key_args[0])
     if spec.is_out:
         cpu_errors.check_out_dtypes(spec, given, scalars, rounded)
 
@@ -295,10 +297,26 @@ def _is_meta_gap(err: Exception) -> bool:
         "meta" in text and ("not implemented" in text or "fake impl" in text))
 
 
+def _number_as_tensor(value, tensor):
+    """A Python number as a 0-dim meta tensor of the dtype it promotes `tensor` to (a wrapped number's)."""
+    if type(value) not in (bool, int, float, complex):
+        return value
+    return torch.empty((), dtype=torch.result_type(tensor, value), device="meta")
+
+
 def _meta_outputs(spec: OpSpec, meta_args, key_args, meta=None):
     """(OutputMeta per fresh result or None if meta is unsupported, list-return counts, out= resizes, non-tensor returns)."""
     try:
-        result = spec.call(meta_args) if meta is None else meta(*meta_args)
+        try:
+            result = spec.call(meta_args) if meta is None else meta(*meta_args)
+        except RuntimeError as err:
+            # A Scalar overload PyTorch runs as the Tensor one with a wrapped number (special_xlog1py(t, 5),
+            # bitwise_and(7, t)): the schema refuses the Python number our key holds for it.
+            if meta is not None or "Expected a value of type 'Tensor'" not in str(err):
+                raise
+            tensor = next(a for a in meta_args if isinstance(a, torch.Tensor))
+            result = spec.call([_number_as_tensor(a, tensor) if kind in _TENSOR_KINDS else a
+                                for kind, a in zip(spec.kinds, meta_args)])
     except Exception as err:
         if _is_meta_gap(err):
             return None, None, {}, ()
@@ -354,10 +372,11 @@ def _make_trace(spec, lowering, key_args, slots, slot_dtypes, passed, input_slot
     writes = spec.writes
     n_fresh = spec.n_fresh
     jax_compute = dtypes.to_jax(compute_dtype) if compute_dtype is not None else None
-    promoted = frozenset(
+    promoted = frozenset(  # static scalars stay Python numbers: their lowering specializes on them (x ** 2)
         i for i in passed
         if lowering.promote is not None and spec.kinds[i] in _PROMOTABLE
         and (lowering.promote_args is None or spec.names[i] in lowering.promote_args)
+        and not (lowering.static_scalars and spec.kinds[i] not in (Arg.TENSOR, Arg.OPT_TENSOR))
     )
     slot_layout = [  # (jax dtype, length) of each slot's buffer
         (dtypes.to_jax(dtype), nbytes // dtype.itemsize) for dtype, (_, nbytes) in zip(slot_dtypes, slots)

@@ -207,7 +207,20 @@ def fmod(x, y):
 
 @lowers(aten.pow.Tensor_Tensor, aten.pow.Scalar, promote=Promote.DEFAULT)
 def pow_(x, y):
+    x, y = jnp.asarray(x), jnp.asarray(y)
+    if jnp.issubdtype(x.dtype, jnp.integer) and jnp.issubdtype(y.dtype, jnp.integer):
+        return _integer_power(x, y)
     return jnp.power(x, y)
+
+
+def _integer_power(x, y):
+    """Integers to integer powers as PyTorch computes them: a negative power is 0, except of 1 and -1."""
+    positive = jnp.power(x, jnp.maximum(y, 0))
+    if not jnp.issubdtype(y.dtype, jnp.signedinteger):
+        return positive
+    one = jnp.ones_like(positive)
+    negative = jnp.where(x == 1, one, jnp.where(x == -1, jnp.where(y % 2 == 0, one, -one), jnp.zeros_like(positive)))
+    return jnp.where(y < 0, negative, positive)
 
 
 @lowers(aten.pow.Tensor_Scalar, promote=Promote.DEFAULT, static_scalars=True)
@@ -217,6 +230,8 @@ def pow_scalar(x, exponent):
         exponent = int(exponent) if not jnp.issubdtype(x.dtype, jnp.integer) else exponent
     if isinstance(exponent, int) and jnp.issubdtype(x.dtype, jnp.inexact):
         return lax.integer_pow(x, exponent) if exponent >= 0 else 1 / lax.integer_pow(x, -exponent)
+    if isinstance(exponent, int) and exponent < 0 and jnp.issubdtype(x.dtype, jnp.integer):
+        raise RuntimeError("Integers to negative integer powers are not allowed.")
     return jnp.power(x, jnp.asarray(exponent, x.dtype))
 
 
@@ -238,14 +253,24 @@ lower_table(
 )
 
 
-@lowers(aten.maximum.default, aten.fmax.default, promote=Promote.DEFAULT)
+@lowers(aten.maximum.default, promote=Promote.DEFAULT)
 def maximum(x, y):
-    return jnp.maximum(x, y)
+    return jnp.maximum(x, y)  # NaN propagates
 
 
-@lowers(aten.minimum.default, aten.fmin.default, promote=Promote.DEFAULT)
+@lowers(aten.minimum.default, promote=Promote.DEFAULT)
 def minimum(x, y):
     return jnp.minimum(x, y)
+
+
+@lowers(aten.fmax.default, promote=Promote.DEFAULT)
+def fmax(x, y):
+    return jnp.fmax(x, y)  # NaN ignored unless both are
+
+
+@lowers(aten.fmin.default, promote=Promote.DEFAULT)
+def fmin(x, y):
+    return jnp.fmin(x, y)
 
 
 @lowers(aten.heaviside.default, promote=Promote.DEFAULT)
