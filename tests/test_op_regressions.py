@@ -565,3 +565,35 @@ def test_scalar_overloads_run_as_the_tensor_op_with_a_wrapped_number(fn):
     got, want = fn(t.to(TPU), i.to(TPU)), fn(t, i)
     assert got.dtype == want.dtype
     _close(got, want, equal_nan=True)
+
+
+def test_igamma_igammac_edge_values_as_pytorch():
+    """Found by PyTorch's test_unary_ufuncs on tpu: JAX gives NaN at a = 0 and a = inf."""
+    inf, nan = float("inf"), float("nan")
+    a = torch.tensor([0.0, 0.0, 0.0, 1e-3, 1.0, inf, inf, inf, 1.0, 2.0, -1.0, 0.0, nan])
+    x = torch.tensor([1e-3, 1.0, inf, 0.0, 0.0, 0.0, 1.0, inf, inf, 3.0, 1.0, 0.0, 1.0])
+    for op in (torch.igamma, torch.igammac):
+        _close(op(a.to(TPU), x.to(TPU)), op(a, x), equal_nan=True)
+
+
+def test_nonzero_static_of_an_empty_tensor_is_filled():
+    for x in (torch.tensor([]), torch.zeros(0, 3)):
+        _close(torch.nonzero_static(x.to(TPU), size=2), torch.nonzero_static(x, size=2))
+        _close(torch.nonzero_static(x.to(TPU), size=1, fill_value=7), torch.nonzero_static(x, size=1, fill_value=7))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
+def test_frexp_out_needs_an_int32_exponent(dtype):
+    _same_error(lambda x: torch.frexp(x, out=(torch.empty(3, device=x.device),
+                                              torch.empty(3, dtype=dtype, device=x.device))), torch.ones(3))
+
+
+def test_resizing_an_out_tensor_warns_once():
+    import warnings
+
+    a = torch.tensor([1.0, 2.0, 3.0], device=TPU)
+    for fn in (lambda o: torch.exp(a, out=o), lambda o: torch.add(a, a, out=o)):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            fn(torch.empty(2, device=TPU))
+        assert len([w for w in caught if "was resized" in str(w.message)]) == 1

@@ -20,6 +20,7 @@ import warnings
 import torch
 
 from torch_tpu.eager import keys
+from torch_tpu.runtime.dtypes import cpp_name
 
 # Errors a lowering or meta kernel raises that are not PyTorch-style argument errors.
 FOREIGN = (TypeError, ValueError, IndexError, AssertionError, KeyError, RuntimeError)
@@ -137,7 +138,7 @@ def check_arguments(spec, meta_args) -> None:
     """Argument checks ATen's kernels make on every device that the meta kernels (Python references)
     skip, at build time: alpha_check (BinaryOps.h) for add/sub/rsub (a float alpha with a bool
     tensor, a bool alpha with a non-bool result), sub_check (a bool operand), heaviside's same-dtype
-    check, relu of bool."""
+    check, relu of bool, frexp's int32 exponent out=."""
     base = spec.name.split(".")[1].rstrip("_")
     if base in _SUB_OPS and len(meta_args) > 1:
         a, b = _host(meta_args[0]), _host(meta_args[1])
@@ -151,6 +152,9 @@ def check_arguments(spec, meta_args) -> None:
         raise RuntimeError("heaviside is not yet implemented for tensors with different dtypes.")
     elif base == "relu" and meta_args[0].dtype == torch.bool:
         raise RuntimeError("Boolean inputs not supported for relu")
+    elif base == "frexp" and spec.is_out and meta_args[spec.index["exponent"]].dtype != torch.int32:
+        raise RuntimeError("torch.frexp() expects exponent to have int dtype but got "
+                           f"{cpp_name(meta_args[spec.index['exponent']].dtype)}")
     if "alpha" in spec.index and base in _ALPHA_OPS:
         _check_alpha(meta_args[0], meta_args[1], _host(meta_args[spec.index["alpha"]]))
 

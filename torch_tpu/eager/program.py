@@ -24,6 +24,7 @@ defer-and-fuse executor traces many of them into one program.
 from __future__ import annotations
 
 import math
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -308,7 +309,9 @@ def _meta_outputs(spec: OpSpec, meta_args, key_args, meta=None):
     """(OutputMeta per fresh result or None if meta is unsupported, list-return counts, out= resizes, non-tensor returns)."""
     try:
         try:
-            result = spec.call(meta_args) if meta is None else meta(*meta_args)
+            with warnings.catch_warnings():  # an out= resize warns once, from the launch (executor._resize_out)
+                warnings.filterwarnings("ignore", message="An output with one or more elements was resized")
+                result = spec.call(meta_args) if meta is None else meta(*meta_args)
         except RuntimeError as err:
             # A Scalar overload PyTorch runs as the Tensor one with a wrapped number (special_xlog1py(t, 5),
             # bitwise_and(7, t)): the schema refuses the Python number our key holds for it.

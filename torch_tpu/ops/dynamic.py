@@ -76,6 +76,8 @@ def _bincount_static_fake(x, weights, size):
 def nonzero_static(x, size, fill_value=-1):
     if x.ndim == 0:
         return jnp.zeros((size, 0), jnp.int64)
+    if x.size == 0:  # (jnp.nonzero fills with 0 here)
+        return jnp.full((size, x.ndim), fill_value, jnp.int64)
     found = jnp.nonzero(x, size=size, fill_value=fill_value)
     return jnp.stack(found, axis=1).astype(jnp.int64)
 

@@ -18,6 +18,7 @@ import functools
 import torch
 
 from torch_tpu.ops.registry import aten, kernel
+from torch_tpu.runtime.dtypes import cpp_name, scalar_type_name
 
 _INPUT_OVERLAP = ("unsupported operation: some elements of the input tensor and the written-to tensor refer to a "
                   "single memory location. Please clone() the tensor before performing the operation.")
@@ -49,23 +50,10 @@ def _check(out: torch.Tensor, inputs) -> None:
             raise RuntimeError(_INPUT_OVERLAP)
 
 
-# PyTorch's C++ names of dtypes, as its messages print them.
-_CPP_NAMES = {torch.float32: "float", torch.float64: "double", torch.float16: "c10::Half",
-              torch.bfloat16: "c10::BFloat16", torch.int64: "long int", torch.int32: "int", torch.int16: "short int",
-              torch.int8: "signed char", torch.uint8: "unsigned char", torch.bool: "bool",
-              torch.complex64: "c10::complex<float>", torch.complex128: "c10::complex<double>"}
-
-
-# ... and its ScalarType names.
-_SCALAR_TYPES = {torch.float32: "Float", torch.float64: "Double", torch.float16: "Half", torch.bfloat16: "BFloat16",
-                 torch.int64: "Long", torch.int32: "Int", torch.int16: "Short", torch.int8: "Char", torch.uint8: "Byte",
-                 torch.bool: "Bool", torch.complex64: "ComplexFloat", torch.complex128: "ComplexDouble"}
-
-
 def _same_dtype(out: torch.Tensor, dtype: torch.dtype) -> None:
     if out.dtype != dtype:
-        raise RuntimeError(f"Expected out tensor to have dtype {_CPP_NAMES.get(dtype, dtype)}, but got "
-                           f"{_CPP_NAMES.get(out.dtype, out.dtype)} instead")
+        raise RuntimeError(f"Expected out tensor to have dtype {cpp_name(dtype)}, but got "
+                           f"{cpp_name(out.dtype)} instead")
 
 
 def _write(out: torch.Tensor, result: torch.Tensor, inputs=()) -> torch.Tensor:
@@ -109,7 +97,7 @@ def take_out(x, index, *, out):
     _check(out, (x, index))
     if out.dtype != x.dtype:
         raise RuntimeError(f"take(): self and out expected to have the same dtype, but got self.dtype = "
-                           f"{_SCALAR_TYPES.get(x.dtype, x.dtype)} and out.dtype = {_SCALAR_TYPES.get(out.dtype, out.dtype)}")
+                           f"{scalar_type_name(x.dtype)} and out.dtype = {scalar_type_name(out.dtype)}")
     return _write(out, aten.take.default(x, index), (x, index))
 
 

@@ -26,14 +26,35 @@ _FLOAT = dict(promote=Promote.INT_TO_FLOAT)
 # ---------------------------------------------------------------- gamma family and zeta
 lower_table(
     {
-        aten.igamma.default: jsp.gammainc,
-        aten.igammac.default: jsp.gammaincc,
         aten.special_zeta.default: jsp.zeta,
         aten.special_modified_bessel_i0.default: jsp.i0,
         aten.special_modified_bessel_i1.default: jsp.i1,
     },
     **_FLOAT,
 )
+
+
+def _incomplete_gamma(a, x, lower: bool):
+    """PyTorch's edge values around JAX's regularized incomplete gamma (NaN at a = 0 and a = inf there)."""
+    a, x = jnp.asarray(a), jnp.asarray(x)
+    value = jsp.gammainc(a, x) if lower else jsp.gammaincc(a, x)
+    one, zero, nan = (jnp.asarray(v, value.dtype) for v in (1.0, 0.0, jnp.nan))
+    low, high = (zero, one) if lower else (one, zero)  # the value at x = 0, and as x -> inf
+    value = jnp.where(jnp.isinf(x), high, value)
+    value = jnp.where(jnp.isinf(a), jnp.where(jnp.isinf(x), nan, low), value)
+    value = jnp.where(x == 0, low, value)
+    value = jnp.where(a == 0, jnp.where(x > 0, high, nan), value)
+    return jnp.where((x < 0) | (a < 0), nan, value)
+
+
+@lowers(aten.igamma.default, **_FLOAT)
+def igamma(a, x):
+    return _incomplete_gamma(a, x, lower=True)
+
+
+@lowers(aten.igammac.default, **_FLOAT)
+def igammac(a, x):
+    return _incomplete_gamma(a, x, lower=False)
 
 
 @functools.cache

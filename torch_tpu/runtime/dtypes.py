@@ -84,3 +84,23 @@ def numpy_to_tensor(a: np.ndarray) -> torch.Tensor:
         flat = torch.from_numpy(a.reshape(-1).view(np.uint8))
         return flat.view(dtype).reshape(a.shape)
     return torch.from_numpy(a)
+
+
+# PyTorch's names of dtypes as its C++ messages print them: the C++ type, and the ScalarType.
+_CPP_NAMES = {torch.float32: "float", torch.float64: "double", torch.float16: "c10::Half",
+              torch.bfloat16: "c10::BFloat16", torch.int64: "long int", torch.int32: "int", torch.int16: "short int",
+              torch.int8: "signed char", torch.uint8: "unsigned char", torch.bool: "bool",
+              torch.complex64: "c10::complex<float>", torch.complex128: "c10::complex<double>"}
+_SCALAR_TYPES = {torch.float32: "Float", torch.float64: "Double", torch.float16: "Half", torch.bfloat16: "BFloat16",
+                 torch.int64: "Long", torch.int32: "Int", torch.int16: "Short", torch.int8: "Char", torch.uint8: "Byte",
+                 torch.bool: "Bool", torch.complex64: "ComplexFloat", torch.complex128: "ComplexDouble"}
+
+
+def cpp_name(dtype: torch.dtype) -> str:
+    """"long int" for torch.int64, as in "expects exponent to have int dtype but got long int"."""
+    return _CPP_NAMES.get(dtype, str(dtype))
+
+
+def scalar_type_name(dtype: torch.dtype) -> str:
+    """"Long" for torch.int64, as in "self.dtype = Float and out.dtype = Long"."""
+    return _SCALAR_TYPES.get(dtype, str(dtype))
