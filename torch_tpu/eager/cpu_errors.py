@@ -70,16 +70,16 @@ def check_out_dtypes(spec, key_args, scalars, result_dtype) -> None:
         raise cpu_err
 
 
-def check_cast(result_dtype: torch.dtype, written) -> None:
-    """PyTorch's error for an in-place op whose result type cannot be cast to its tensor's dtype
-    (`written`: the tensor's key entry). Some meta kernels (mul_, addcmul_) let it through."""
-    if written is None or written[0] != keys.TENSOR or torch.can_cast(result_dtype, written[1]):
+def check_cast(result_dtype: torch.dtype, dtype: torch.dtype) -> None:
+    """PyTorch's error for an in-place op whose result type cannot be cast to its tensor's `dtype`
+    (some meta kernels, mul_'s and addcmul_'s, let it through)."""
+    if torch.can_cast(result_dtype, dtype):
         return
     try:  # the CPU kernel's own words ("result type Float can't be cast to the desired output type Int")
-        torch.empty(0, dtype=written[1]).add_(torch.empty(0, dtype=result_dtype))
+        torch.empty(0, dtype=dtype).add_(torch.empty(0, dtype=result_dtype))
     except RuntimeError as err:
         raise err from None
-    raise RuntimeError(f"result type {result_dtype} can't be cast to the desired output type {written[1]}")
+    raise RuntimeError(f"result type {result_dtype} can't be cast to the desired output type {dtype}")
 
 
 def _is_dtype_error(err: BaseException) -> bool:

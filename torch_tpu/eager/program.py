@@ -188,8 +188,8 @@ def _build(key, spec: OpSpec, lowering: Lowering, scalars: list, via_functional:
         compute_dtype, result_dtype = elementwise_dtypes(*participants, type_promotion_kind=lowering.promote.value)
         if via_functional and spec.is_out:  # TensorIterator's rule: the result in its own dtype, then cast to out's
             rounded = result_dtype
-        elif via_functional and 0 in spec.writes:  # in place: the result must cast to self's dtype (int.mul_(1.5))
-            cpu_errors.check_cast(result_dtype, key_args[0])
+        elif via_functional and 0 in spec.writes and key_args[0] is not None and key_args[0][0] == TENSOR:
+            cpu_errors.check_cast(result_dtype, key_args[0][1])  # in place: int.mul_(1.5) raises
     if spec.is_out:
         cpu_errors.check_out_dtypes(spec, given, scalars, rounded)
 
@@ -379,7 +379,7 @@ def _make_trace(spec, lowering, key_args, slots, slot_dtypes, passed, input_slot
         i for i in passed
         if lowering.promote is not None and spec.kinds[i] in _PROMOTABLE
         and (lowering.promote_args is None or spec.names[i] in lowering.promote_args)
-        and not (lowering.static_scalars and spec.kinds[i] not in (Arg.TENSOR, Arg.OPT_TENSOR))
+        and not (lowering.static_scalars and spec.kinds[i] not in _TENSOR_KINDS)
     )
     slot_layout = [  # (jax dtype, length) of each slot's buffer
         (dtypes.to_jax(dtype), nbytes // dtype.itemsize) for dtype, (_, nbytes) in zip(slot_dtypes, slots)

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import torch
 
+from torch_tpu.eager import cpu_errors
+
 aten = torch.ops.aten
 _SPARSE_CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.SparseCPU)
 
@@ -277,8 +279,7 @@ def _in_place(kernel):
     """The in-place form of a sparse kernel: the result copied into `a` (a sparse tensor)."""
     def in_place(a, *args, **kwargs):
         result = kernel(a, *args, **kwargs)
-        if not torch.can_cast(result.dtype, a.dtype):  # PyTorch's own message, from a CPU in-place op
-            torch.empty(0, dtype=a.dtype).add_(torch.empty(0, dtype=result.dtype))
+        cpu_errors.check_cast(result.dtype, a.dtype)
         return a.copy_(result.to(a.dtype))
 
     return in_place
