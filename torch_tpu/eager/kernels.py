@@ -21,7 +21,7 @@ from torch.utils import _pytree as pytree
 
 from torch_tpu import _native, metrics
 from torch_tpu.config import config
-from torch_tpu.eager.opspec import OUT_DTYPE_IS_DTYPE, functional_counterpart, spec
+from torch_tpu.eager.opspec import computes_in_out_dtype, functional_counterpart, spec
 
 aten = torch.ops.aten
 _CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
@@ -247,8 +247,7 @@ def _fallback(op, *args, **kwargs):
         return op.redispatch(_CPU, *args, **kwargs)
     decomposition = _decomposition(op)
     if decomposition is not None:
-        if s.is_out and s.name.split(".")[1] in OUT_DTYPE_IS_DTYPE and "dtype" in s.index \
-                and kwargs.get("dtype") is None and "out" in kwargs:
+        if computes_in_out_dtype(s) and kwargs.get("dtype") is None and "out" in kwargs:
             kwargs = {**kwargs, "dtype": kwargs["out"].dtype}  # as ATen's kernel (PyTorch's reference casts after)
         active = getattr(_decomposing, "ops", None)
         if active is None:

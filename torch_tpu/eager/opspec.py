@@ -106,6 +106,11 @@ def spec(op: torch._ops.OpOverload, mutates: tuple[str, ...] = (), runtime: tupl
 OUT_DTYPE_IS_DTYPE = frozenset(("cumsum", "cumprod", "sum", "prod", "nansum", "mean"))
 
 
+def computes_in_out_dtype(s: OpSpec) -> bool:
+    """Whether `s` is the out= form of an op that, given no dtype, computes in out's (OUT_DTYPE_IS_DTYPE)."""
+    return s.is_out and "dtype" in s.index and s.name.split(".")[1] in OUT_DTYPE_IS_DTYPE
+
+
 def functional_counterpart(op: torch._ops.OpOverload) -> torch._ops.OpOverload | None:
     """The non-mutating overload whose results a mutating op writes, or None.
 

@@ -39,7 +39,7 @@ from torch_tpu.eager.keys import (  # the tags also as program_mod.* (executor.p
     CPU_SCALAR, DYNAMIC, SCALAR, SCALAR_LIST, TENSOR, tensor_entries,
 )
 from torch_tpu.eager.keys import TENSOR_KINDS as _TENSOR_KINDS, rebuild as _rebuild
-from torch_tpu.eager.opspec import OUT_DTYPE_IS_DTYPE, Arg, OpSpec
+from torch_tpu.eager.opspec import Arg, OpSpec, computes_in_out_dtype
 from torch_tpu.ops import checks
 from torch_tpu.ops.registry import Lowering
 from torch_tpu.runtime import dtypes, strided
@@ -260,8 +260,8 @@ def returns(spec: OpSpec, prog: OpProgram, full: list, outs: list):
 
 
 def _out_dtype_as_dtype(spec: OpSpec, key_args: tuple) -> tuple:
-    """`key_args` with out's dtype as the dtype of an op that computes in it (opspec.OUT_DTYPE_IS_DTYPE)."""
-    if not (spec.is_out and "dtype" in spec.index and spec.name.split(".")[1] in OUT_DTYPE_IS_DTYPE):
+    """`key_args` with out's dtype as the dtype of an op that computes in it (opspec.computes_in_out_dtype)."""
+    if not computes_in_out_dtype(spec):
         return key_args
     i = spec.index["dtype"]
     out = key_args[spec.writes[0]]
