@@ -597,3 +597,12 @@ def test_resizing_an_out_tensor_warns_once():
             warnings.simplefilter("always")
             fn(torch.empty(2, device=TPU))
         assert len([w for w in caught if "was resized" in str(w.message)]) == 1
+
+
+@pytest.mark.parametrize("op", [torch.sign, torch.sgn])
+def test_sign_of_bool_is_the_tensor_itself(op):
+    """jnp.sign refuses bool (TypeError); ATen returns the bool tensor's values."""
+    b = torch.tensor([True, False, True])
+    got = op(b.to(TPU))
+    assert got.dtype == torch.bool
+    _close(got, op(b))

@@ -60,11 +60,15 @@ lower_table(
     promote=Promote.INT_TO_FLOAT,
 )
 
+def _sign(x):
+    return x if x.dtype == jnp.bool_ else jnp.sign(x)  # jnp.sign refuses bool; ATen's sign of bool is itself
+
+
 lower_table(
     {
         aten.neg.default: jnp.negative,
-        aten.sign.default: jnp.sign,
-        aten.sgn.default: jnp.sign,
+        aten.sign.default: _sign,
+        aten.sgn.default: _sign,
         aten.floor.default: lambda x: x if jnp.issubdtype(x.dtype, jnp.integer) else jnp.floor(x),
         aten.ceil.default: lambda x: x if jnp.issubdtype(x.dtype, jnp.integer) else jnp.ceil(x),
         aten.trunc.default: lambda x: x if jnp.issubdtype(x.dtype, jnp.integer) else jnp.trunc(x),
