@@ -606,3 +606,61 @@ def test_sign_of_bool_is_the_tensor_itself(op):
     got = op(b.to(TPU))
     assert got.dtype == torch.bool
     _close(got, op(b))
+
+
+# ---------------------------------------------------------------- found by PyTorch's test_reductions on tpu
+@pytest.mark.parametrize("op", [torch.argmax, torch.argmin, torch.max, torch.min])
+def test_reducing_over_a_dim_of_a_65_dim_tensor_raises(op):
+    """ATen's dim mask holds 64 dims; the meta kernels of these four skip the check."""
+    _same_error(lambda t: op(t, 0), torch.ones([1] * 65))
+
+
+def test_a_65_dim_tensor_goes_to_tpu_and_back():
+    """NumPy holds at most 64 dims: the host copies go through flat arrays."""
+    x = torch.arange(2.0).reshape([1] * 64 + [2])[None]
+    assert torch.equal((x.to(TPU) + 1).cpu(), x + 1)
+
+
+@pytest.mark.parametrize("op", [torch.median, torch.nanmedian])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
+def test_median_of_an_empty_tensor_as_cpu(op, dtype):
+    x = torch.tensor([], dtype=dtype)
+    got, want = op(x.to(TPU)), op(x)
+    assert got.dtype == want.dtype
+    _close(got, want, equal_nan=True)
+
+
+@pytest.mark.parametrize("x, kwargs", [(torch.tensor([1.0, 0.3]), {}), (torch.tensor([True]), {}),
+                                       (torch.zeros(2, 2), {}), (torch.tensor([1, 3]), {"minlength": -1}),
+                                       (torch.tensor([[1, 2]]), {}), (torch.tensor([1, -1]), {})],
+                         ids=["float", "bool", "2-d float", "minlength", "2-d", "negative"])
+def test_bincount_errors_as_cpu(x, kwargs):
+    """The dtype is checked first (NotImplementedError, as ATen's dispatch), then minlength, then the values."""
+    with pytest.raises(RuntimeError) as cpu_error:
+        torch.bincount(x, **kwargs)
+    with pytest.raises(RuntimeError) as tpu_error:
+        torch.bincount(x.to(TPU), **kwargs)
+    assert type(tpu_error.value) is type(cpu_error.value)
+    assert str(tpu_error.value) == str(cpu_error.value).replace("bincount_cpu", "bincount_tpu")
+
+
+def test_searchsorted_warns_about_non_contiguous_operands_as_cpu():
+    import warnings
+
+    def messages(device):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.set_warn_always(True)
+            try:
+                values, boundaries = torch.tensor([1.0, 2.0, 3.0, 4.0], device=device), torch.arange(8.0, device=device)
+                got = torch.searchsorted(boundaries[::2], values[::2]), torch.bucketize(values[::2], boundaries),
+                torch.searchsorted(boundaries[:4], values[:1], sorter=torch.arange(8, device=device)[:4])
+            finally:
+                torch.set_warn_always(False)
+        return [str(w.message).split(" (Triggered")[0] for w in caught if issubclass(w.category, UserWarning)
+                and "searchsorted" in str(w.message)], got
+
+    (want, want_values), (got, got_values) = messages("cpu"), messages(TPU)
+    assert got == want and len(want) == 3
+    for g, w in zip(got_values, want_values):
+        _close(g, w)

@@ -128,6 +128,7 @@ def _host(value):
 
 _ALPHA_OPS = frozenset(("add", "sub", "rsub"))
 _SUB_OPS = frozenset(("sub", "rsub", "subtract"))
+_DIM_MASK_OPS = frozenset(("argmax", "argmin", "max", "min"))  # the meta kernels skip the 64-dim check
 
 
 def _is_bool(x) -> bool:
@@ -138,7 +139,8 @@ def check_arguments(spec, meta_args) -> None:
     """Argument checks ATen's kernels make on every device that the meta kernels (Python references)
     skip, at build time: alpha_check (BinaryOps.h) for add/sub/rsub (a float alpha with a bool
     tensor, a bool alpha with a non-bool result), sub_check (a bool operand), heaviside's same-dtype
-    check, relu of bool, frexp's int32 exponent out=."""
+    check, relu of bool, frexp's int32 exponent out=, the 64-dim limit of argmax/argmin/max/min
+    over a dim; and the non-contiguous operand warning of searchsorted/bucketize."""
     base = spec.name.split(".")[1].rstrip("_")
     if base in _SUB_OPS and len(meta_args) > 1:
         a, b = _host(meta_args[0]), _host(meta_args[1])
@@ -152,11 +154,37 @@ def check_arguments(spec, meta_args) -> None:
         raise RuntimeError("heaviside is not yet implemented for tensors with different dtypes.")
     elif base == "relu" and meta_args[0].dtype == torch.bool:
         raise RuntimeError("Boolean inputs not supported for relu")
+    elif (base in _DIM_MASK_OPS and "dim" in spec.index and meta_args[spec.index["dim"]] is not None
+          and meta_args[0].dim() > 64):
+        raise RuntimeError("only tensors with up to 64 dims are supported")  # ATen's dim mask is 64 bits
     elif base == "frexp" and spec.is_out and meta_args[spec.index["exponent"]].dtype != torch.int32:
         raise RuntimeError("torch.frexp() expects exponent to have int dtype but got "
                            f"{cpp_name(meta_args[spec.index['exponent']].dtype)}")
     if "alpha" in spec.index and base in _ALPHA_OPS:
         _check_alpha(meta_args[0], meta_args[1], _host(meta_args[spec.index["alpha"]]))
+    for name, what in _BUCKETIZE_OPERANDS.get(base, ()):
+        t = meta_args[spec.index[name]] if name in spec.index else None
+        if isinstance(t, torch.Tensor) and not t.is_contiguous():
+            _warn_once(f"torch.searchsorted(): {what} tensor is non-contiguous, this will lower the performance due "
+                       "to extra data copy when converting non-contiguous tensor to contiguous, please use contiguous "
+                       f"{what} tensor if possible. This message will only appear once per program.")
+
+
+# ATen's bucketization kernels copy a non-contiguous operand and say so (TORCH_WARN_ONCE); reading a
+# strided view is a copy (a gather) here too.
+_BUCKETIZE_OPERANDS = {
+    "searchsorted": (("self", "input value"), ("sorted_sequence", "boundary"), ("sorter", "sorter")),
+    "bucketize": (("self", "input value"), ("boundaries", "boundary")),
+}
+_warned: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    """TORCH_WARN_ONCE: once per process, or every time under torch.set_warn_always(True)."""
+    if message in _warned and not torch.is_warn_always_enabled():
+        return
+    _warned.add(message)
+    warnings.warn(message, UserWarning, stacklevel=2)
 
 
 def _check_alpha(a, b, alpha) -> None:

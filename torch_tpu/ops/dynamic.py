@@ -323,7 +323,14 @@ def bincount_static(x, weights, size):
 
 @kernel(aten.bincount.default)
 def bincount(x, weights=None, minlength=0):
-    if x.dim() != 1 or x.dtype.is_floating_point or x.dtype == torch.bool:
+    # ATen's order: the dtype dispatch (integral types only), then minlength, then the values.
+    if x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool:
+        from torch_tpu.runtime.dtypes import scalar_type_name
+
+        raise NotImplementedError(f"\"bincount_tpu\" not implemented for '{scalar_type_name(x.dtype)}'")
+    if minlength < 0:
+        raise RuntimeError("minlength should be >= 0")
+    if x.dim() != 1:
         raise RuntimeError("bincount only supports 1-d non-negative integral inputs.")
     largest = _size(x.max()) if x.numel() else -1
     if largest < -1 or (x.numel() and _size(x.min()) < 0):

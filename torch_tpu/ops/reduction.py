@@ -355,13 +355,22 @@ def nanmedian_dim(x, dim, keepdim=False):
     return _median(x, dim, keepdim, ignore_nan=True)
 
 
+def _median_of_nothing(dtype):
+    # ATen's median/nanmedian of an empty tensor: NaN, or an integer type's lowest value.
+    return jnp.asarray(jnp.nan if jnp.issubdtype(dtype, jnp.inexact) else jnp.iinfo(dtype).min, dtype)
+
+
 @lowers(aten.median.default)
 def median_all(x):
+    if x.size == 0:
+        return _median_of_nothing(x.dtype)
     return _median(x.reshape(-1), 0, False, ignore_nan=False)[0]
 
 
 @lowers(aten.nanmedian.default)
 def nanmedian_all(x):
+    if x.size == 0:
+        return _median_of_nothing(x.dtype)
     return _median(x.reshape(-1), 0, False, ignore_nan=True)[0]
 
 

@@ -31,7 +31,7 @@ def upload(src: torch.Tensor, device: int) -> torch.Tensor:
     dtypes.check_supported(src.dtype, rt.platform)
     src = src.detach().resolve_conj().resolve_neg().contiguous()
     # Copy: the device buffer must not alias host memory the user may mutate.
-    host = np.array(dtypes.tensor_to_numpy(src).reshape(-1), copy=True)
+    host = np.array(dtypes.tensor_to_numpy(src.reshape(-1)), copy=True)  # flat: NumPy holds at most 64 dims
     if _trace.active:  # torch.profiler memcpy row: until the copy is on the device
         start = _trace._clock()
         array = jax.device_put(host, rt.devices[device]).block_until_ready()
@@ -78,13 +78,13 @@ def download(t: torch.Tensor) -> torch.Tensor:
     # Reshaped on the host: a device reshape would queue behind all launched work
     # and wait for it, where the copy only waits for this value.
     start = _trace._clock() if _trace.active else 0
-    host = np.asarray(array).reshape(tuple(t.shape))
+    host = np.asarray(array)
     if start:
         _trace.copy("Memcpy DtoH", t.device.index, start, host.nbytes)
     metrics.counts.d2h_transfers += 1
     metrics.counts.d2h_bytes += host.nbytes
     metrics.counts.materializations += 1
-    return dtypes.numpy_to_tensor(host)
+    return dtypes.numpy_to_tensor(host).reshape(tuple(t.shape))  # torch's reshape: NumPy holds at most 64 dims
 
 
 def to_device(t: torch.Tensor, device: int) -> torch.Tensor:
