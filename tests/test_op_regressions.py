@@ -664,3 +664,30 @@ def test_searchsorted_warns_about_non_contiguous_operands_as_cpu():
     assert got == want and len(want) == 3
     for g, w in zip(got_values, want_values):
         _close(g, w)
+
+
+# ---------------------------------------------------------------- found by PyTorch's test_sort_and_select / test_scatter_gather_ops
+@pytest.mark.parametrize("dtype, reduce", [(torch.bool, r) for r in ("sum", "prod", "amax", "amin")]
+                         + [(torch.complex64, r) for r in ("sum", "prod")])  # CPU has no complex amax/amin
+def test_scatter_reduce_without_self_on_bool_and_complex(dtype, reduce):
+    """The identity of every reduction was built at once: jnp.iinfo refused bool and complex."""
+    x = torch.tensor([1, 0, 1, 0, 2]).to(dtype)
+    src = torch.tensor([0, 1, 1, 1]).to(dtype)
+    index = torch.tensor([0, 0, 1, 3])
+    want = x.clone().scatter_reduce_(0, index, src, reduce, include_self=False)
+    got = x.to(TPU).scatter_reduce_(0, index.to(TPU), src.to(TPU), reduce, include_self=False)
+    assert got.dtype == want.dtype
+    _close(got, want)
+
+
+@pytest.mark.parametrize("shape, dim", [((5, 0), 1), ((0, 3), 0), ((5, 0, 0), 1), ((5, 0, 5), 2), ((0, 3), 1)])
+@pytest.mark.parametrize("op", [torch.unique, torch.unique_consecutive])
+def test_unique_along_a_dim_of_an_empty_tensor_as_cpu(op, shape, dim):
+    x = torch.empty(shape)
+    try:
+        want = op(x, dim=dim, return_inverse=True, return_counts=True)
+    except RuntimeError:
+        _same_error(lambda t: op(t, dim=dim, return_inverse=True, return_counts=True), x)
+        return
+    got = op(x.to(TPU), dim=dim, return_inverse=True, return_counts=True)
+    assert [(g.shape, g.dtype) for g in got] == [(w.shape, w.dtype) for w in want]

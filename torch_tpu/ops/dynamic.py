@@ -297,19 +297,33 @@ def unique_legacy(x, sorted=True, return_inverse=False):
     return values, inverse
 
 
+def _unique_along(x, dim, consecutive, return_inverse, return_counts):
+    dim = dim % max(x.dim(), 1)
+    if x.numel() == 0:  # ATen's checks and results for empty slices
+        if x.shape[dim] != 0:
+            raise RuntimeError("There are 0 sized dimensions, and they aren't selected, so unique cannot be applied")
+        if list(x.shape).count(0) > 1:
+            raise RuntimeError("Number of zero sized dimensions is more than one, so unique cannot be applied ")
+        nothing = torch.empty(0, dtype=torch.long, device=x.device)
+        return torch.empty_like(x), nothing, nothing.clone()
+    return _unique(x, dim, consecutive, return_inverse, return_counts)
+
+
 @kernel(aten.unique_dim.default)
 def unique_dim(x, dim, sorted=True, return_inverse=False, return_counts=False):
-    return _unique(x, dim % max(x.dim(), 1), False, return_inverse, return_counts)
+    return _unique_along(x, dim, False, return_inverse, return_counts)
 
 
 @kernel(aten.unique_consecutive.default)
 def unique_consecutive(x, return_inverse=False, return_counts=False, dim=None):
-    return _unique(x, None if dim is None else dim % max(x.dim(), 1), True, return_inverse, return_counts)
+    if dim is None:
+        return _unique(x, None, True, return_inverse, return_counts)
+    return _unique_along(x, dim, True, return_inverse, return_counts)
 
 
 @kernel(aten.unique_dim_consecutive.default)
 def unique_dim_consecutive(x, dim, return_inverse=False, return_counts=False):
-    return _unique(x, dim % max(x.dim(), 1), True, return_inverse, return_counts)
+    return _unique_along(x, dim, True, return_inverse, return_counts)
 
 
 # ---------------------------------------------------------------- counts and repeats

@@ -210,16 +210,21 @@ def scatter_reduce(x, dim, index, src, reduce, include_self=True):
     if not include_self:
         # Positions that receive a value start from the reduction's identity.
         touched = _scatter(jnp.zeros(x.shape, jnp.bool_), dim, index, True)
-        identity = {"sum": 0, "prod": 1, "amax": _lowest(x.dtype), "amin": _highest(x.dtype)}[reduce]
+        identity = {"sum": lambda: 0, "prod": lambda: 1, "amax": lambda: _lowest(x.dtype),
+                    "amin": lambda: _highest(x.dtype)}[reduce]()
         x = jnp.where(touched, jnp.asarray(identity, x.dtype), x)
     return _scatter(x, dim, index, src, reduce)
 
 
 def _lowest(dtype):
+    if dtype == jnp.bool_:
+        return False
     return -jnp.inf if jnp.issubdtype(dtype, jnp.floating) else jnp.iinfo(dtype).min
 
 
 def _highest(dtype):
+    if dtype == jnp.bool_:
+        return True
     return jnp.inf if jnp.issubdtype(dtype, jnp.floating) else jnp.iinfo(dtype).max
 
 
