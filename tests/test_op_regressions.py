@@ -6,6 +6,8 @@ run on 10 samples in the heavy sweep (tests/test_opinfo.py), linspace's on all o
 """
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -691,3 +693,51 @@ def test_unique_along_a_dim_of_an_empty_tensor_as_cpu(op, shape, dim):
         return
     got = op(x.to(TPU), dim=dim, return_inverse=True, return_counts=True)
     assert [(g.shape, g.dtype) for g in got] == [(w.shape, w.dtype) for w in want]
+
+
+@pytest.mark.parametrize("op", [torch.std, torch.var, torch.var_mean, torch.std_mean])
+@pytest.mark.parametrize("x, correction", [(torch.randn(10, 20), 20), (torch.zeros(3, 2), 5), (torch.randn(3, 2), 2.5)])
+def test_variance_with_no_degrees_of_freedom_warns_and_is_inf_as_cpu(op, x, correction):
+    """ATen divides by max(N - correction, 0) and warns; jnp.var's negative divisor gave NaN."""
+    import warnings
+
+    def run(t):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            result = op(t, dim=-1, correction=correction)
+        return result, [str(w.message).split(" (Triggered")[0] for w in caught if "degrees of freedom" in str(w.message)]
+
+    (want, want_warnings), (got, got_warnings) = run(x), run(x.to(TPU))
+    assert got_warnings == want_warnings and len(want_warnings) == 1
+    for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+        _close(g, w, equal_nan=True)
+
+
+@pytest.mark.parametrize("x, kwargs, message", [
+    (torch.tensor([1.0, 2.0, float("inf")]), {}, "range of [1, inf] is not finite"),
+    (torch.tensor([float("nan")]), {}, "range of [nan, nan] is not finite"),
+    (torch.tensor([1.0]), {"min": 0, "max": float("inf")}, "range of [0, inf] is not finite"),
+])
+def test_histc_of_a_non_finite_range_raises(x, kwargs, message):
+    """Checked in the program (the range is the data's): raised at the next materialization, as CUDA's
+    device-side assertions are."""
+    with pytest.raises(RuntimeError, match=re.escape(message)):
+        torch.histc(x, bins=4, **kwargs)
+    with pytest.raises(RuntimeError, match=re.escape(message)):
+        torch.histc(x.to(TPU), bins=4, **kwargs).cpu()
+    _close(torch.histc(torch.tensor([float("inf"), 1.0]).to(TPU), bins=3, min=0, max=3),
+           torch.histc(torch.tensor([float("inf"), 1.0]), bins=3, min=0, max=3))
+
+
+def test_searchsorted_checks_its_sorter_and_out_dtype_as_cpu():
+    s = torch.tensor([1, 2, 3])
+    with pytest.raises(RuntimeError, match="sorter index out of range"):
+        torch.searchsorted(s.to(TPU), 2.5, sorter=torch.tensor([0, 1, 3], device=TPU)).cpu()
+    for op in (torch.searchsorted, torch.bucketize):
+        for dtype, out_int32 in ((torch.int64, True), (torch.int32, False)):
+            _same_error(lambda a, o: op(a, a, out=o, out_int32=out_int32), s, torch.empty(3, dtype=dtype))
+
+
+@pytest.mark.parametrize("weights", [torch.ones(2, 2), torch.ones(3)], ids=["2-d", "longer"])
+def test_bincount_weights_must_match_the_input_as_cpu(weights):
+    _same_error(torch.bincount, torch.tensor([1, 0]), weights)

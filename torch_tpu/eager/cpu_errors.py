@@ -20,7 +20,7 @@ import warnings
 import torch
 
 from torch_tpu.eager import keys
-from torch_tpu.runtime.dtypes import cpp_name
+from torch_tpu.runtime.dtypes import cpp_name, scalar_type_name
 
 # Errors a lowering or meta kernel raises that are not PyTorch-style argument errors.
 FOREIGN = (TypeError, ValueError, IndexError, AssertionError, KeyError, RuntimeError)
@@ -140,7 +140,7 @@ def check_arguments(spec, meta_args) -> None:
     skip, at build time: alpha_check (BinaryOps.h) for add/sub/rsub (a float alpha with a bool
     tensor, a bool alpha with a non-bool result), sub_check (a bool operand), heaviside's same-dtype
     check, relu of bool, frexp's int32 exponent out=, the 64-dim limit of argmax/argmin/max/min
-    over a dim; and the non-contiguous operand warning of searchsorted/bucketize."""
+    over a dim, searchsorted/bucketize's out= dtype; and their non-contiguous operand warning."""
     base = spec.name.split(".")[1].rstrip("_")
     if base in _SUB_OPS and len(meta_args) > 1:
         a, b = _host(meta_args[0]), _host(meta_args[1])
@@ -162,6 +162,12 @@ def check_arguments(spec, meta_args) -> None:
                            f"{cpp_name(meta_args[spec.index['exponent']].dtype)}")
     if "alpha" in spec.index and base in _ALPHA_OPS:
         _check_alpha(meta_args[0], meta_args[1], _host(meta_args[spec.index["alpha"]]))
+    if base in _BUCKETIZE_OPERANDS and spec.is_out:
+        out_dtype, out_int32 = meta_args[spec.index["out"]].dtype, _host(meta_args[spec.index["out_int32"]])
+        if out_dtype != (torch.int32 if out_int32 else torch.int64):
+            raise RuntimeError("torch.searchsorted(): output tensor's dtype is wrong, it can only be Int(int32) or "
+                               "Long(int64) depending on whether out_int32 flag is True, but we got output tensor's "
+                               f"dtype {scalar_type_name(out_dtype)} and out_int32 flag is {bool(out_int32)}")
     for name, what in _BUCKETIZE_OPERANDS.get(base, ()):
         t = meta_args[spec.index[name]] if name in spec.index else None
         if isinstance(t, torch.Tensor) and not t.is_contiguous():

@@ -51,6 +51,8 @@ ERRORS = {
     12: (RuntimeError, "Index {dim} of input takes value {value} which is not in the valid range [0, {size})"),
     13: (RuntimeError, "bernoulli_ expects p to be in [0, 1], but got p={fvalue:g}"),
     14: (RuntimeError, "uniform_ expects to return a [from, to) range, but found from={fvalue:g} > to={fsize:g}"),
+    16: (RuntimeError, "torch.histc: range of [{fvalue:g}, {fsize:g}] is not finite"),
+    17: (RuntimeError, "torch.searchsorted(): sorter index out of range"),
 }
 INDEX_IN_SELF, INDEX_BOUNDS, GATHER_BOUNDS, TARGET, TAKE = 1, 2, 3, 4, 5
 MULTINOMIAL_INVALID, MULTINOMIAL_SUM, BERNOULLI, ONE_HOT_BIG, ONE_HOT_NEGATIVE = 6, 7, 8, 9, 10
@@ -58,6 +60,7 @@ INDEX_COPY, EMBEDDING_BAG, BERNOULLI_FLOAT, UNIFORM_RANGE = 11, 12, 13, 14
 # PyTorch's `_linalg_check_errors` (a LAPACK-style info != 0): the exception is PyTorch's own, made by
 # that op on the host from the flag (`linalg_api` names the API; see `_linalg_error`).
 LINALG = 15
+HISTC_RANGE, SORTER_RANGE = 16, 17
 _linalg_apis: dict[int, str] = {}
 
 _state = threading.local()

@@ -346,6 +346,8 @@ def bincount(x, weights=None, minlength=0):
         raise RuntimeError("minlength should be >= 0")
     if x.dim() != 1:
         raise RuntimeError("bincount only supports 1-d non-negative integral inputs.")
+    if weights is not None and (weights.dim() != 1 or weights.shape[0] != x.shape[0]):
+        raise RuntimeError("weights should be 1-d and have the same length as input")
     largest = _size(x.max()) if x.numel() else -1
     if largest < -1 or (x.numel() and _size(x.min()) < 0):
         raise RuntimeError("bincount only supports 1-d non-negative integral inputs.")

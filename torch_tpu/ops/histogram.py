@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from torch_tpu.ops import checks
+from torch_tpu.ops.checks import checked
 from torch_tpu.ops.registry import aten, lowers
 
 
@@ -15,6 +17,7 @@ def _isnan(v):
 
 
 @lowers(aten.histc.default, static_scalars=True)
+@checked
 def histc(x, bins=100, min=0, max=0):
     a = x.reshape(-1)
     lo = jnp.asarray(min, a.dtype)
@@ -23,6 +26,8 @@ def histc(x, bins=100, min=0, max=0):
         lo, hi = jnp.min(a), jnp.max(a)
         same = lo == hi
         lo, hi = jnp.where(same, lo - 1, lo), jnp.where(same, hi + 1, hi)
+    checks.require(jnp.isfinite(lo) & jnp.isfinite(hi), checks.HISTC_RANGE, checks.float_bits(lo),
+                   size=checks.float_bits(hi))
     width = (hi - lo).astype(a.dtype)
     position = ((a - lo) / width * bins).astype(jnp.int64)  # PyTorch's formula, same rounding
     position = jnp.where(a == hi, bins - 1, position)

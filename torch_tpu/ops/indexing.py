@@ -335,8 +335,11 @@ def _side(right, side):
 
 @lowers(aten.searchsorted.Tensor, aten.searchsorted.Scalar, promote=Promote.DEFAULT,
         promote_args=("sorted_sequence", "self"))
+@checked
 def searchsorted(sequence, values, out_int32=False, right=False, side=None, sorter=None):
     if sorter is not None:
+        size = sequence.shape[-1] if sequence.ndim else 1
+        checks.require((sorter >= 0) & (sorter < size), checks.SORTER_RANGE)
         sequence = jnp.take_along_axis(sequence, sorter, axis=-1)
     out = _searchsorted(sequence, jnp.asarray(values), _side(right, side))
     return out.astype(jnp.int32 if out_int32 else jnp.int64)

@@ -8,6 +8,7 @@ float32 and integer/bool sums in int64; we do the same explicitly.
 from __future__ import annotations
 
 import math
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -158,28 +159,38 @@ def _correction(correction, unbiased=True):
     return correction
 
 
-@lowers(aten.var.correction)
+def _var(name, a, axes, correction, keepdim):
+    """ATen's variance: the squared deviations' sum over max(N - correction, 0), with its warning when
+    that is <= 0 (inf, or NaN for no deviation; jnp.var gives a negative divisor's NaN or -inf)."""
+    n = a.size if axes is None else math.prod(a.shape[d] for d in axes)
+    correction = _correction(correction)
+    if n - correction > 0:
+        return jnp.var(a, axis=axes, ddof=correction, keepdims=keepdim)
+    warnings.warn(f"{name}(): degrees of freedom is <= 0. Correction should be strictly less than the reduction "
+                  "factor (input numel divided by output numel).", UserWarning, stacklevel=2)
+    return jnp.var(a, axis=axes, keepdims=keepdim) * n / 0.0
+
+
+@lowers(aten.var.correction, static_scalars=True)  # the correction decides the warning
 def var(x, dim=None, correction=None, keepdim=False):
-    return jnp.var(_acc(x), axis=_axes(x, dim), ddof=_correction(correction), keepdims=keepdim)
+    return _var("var", _acc(x), _axes(x, dim), correction, keepdim)
 
 
-@lowers(aten.std.correction)
+@lowers(aten.std.correction, static_scalars=True)
 def std(x, dim=None, correction=None, keepdim=False):
-    return jnp.std(_acc(x), axis=_axes(x, dim), ddof=_correction(correction), keepdims=keepdim)
+    return jnp.sqrt(_var("std", _acc(x), _axes(x, dim), correction, keepdim))
 
 
-@lowers(aten.var_mean.correction)
+@lowers(aten.var_mean.correction, static_scalars=True)
 def var_mean(x, dim=None, correction=None, keepdim=False):
-    a = _acc(x)
-    axes = _axes(x, dim)
-    return jnp.var(a, axis=axes, ddof=_correction(correction), keepdims=keepdim), jnp.mean(a, axis=axes, keepdims=keepdim)
+    a, axes = _acc(x), _axes(x, dim)
+    return _var("var_mean", a, axes, correction, keepdim), jnp.mean(a, axis=axes, keepdims=keepdim)
 
 
-@lowers(aten.std_mean.correction)
+@lowers(aten.std_mean.correction, static_scalars=True)
 def std_mean(x, dim=None, correction=None, keepdim=False):
-    a = _acc(x)
-    axes = _axes(x, dim)
-    return jnp.std(a, axis=axes, ddof=_correction(correction), keepdims=keepdim), jnp.mean(a, axis=axes, keepdims=keepdim)
+    a, axes = _acc(x), _axes(x, dim)
+    return jnp.sqrt(_var("std_mean", a, axes, correction, keepdim)), jnp.mean(a, axis=axes, keepdims=keepdim)
 
 
 @lowers(aten.any.default)
