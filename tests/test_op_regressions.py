@@ -741,3 +741,45 @@ def test_searchsorted_checks_its_sorter_and_out_dtype_as_cpu():
 @pytest.mark.parametrize("weights", [torch.ones(2, 2), torch.ones(3)], ids=["2-d", "longer"])
 def test_bincount_weights_must_match_the_input_as_cpu(weights):
     _same_error(torch.bincount, torch.tensor([1, 0]), weights)
+
+
+# ---------------------------------------------------------------- found by PyTorch's test_tensor_creation_ops on tpu
+_FACTORIES_OUT = {
+    "arange": lambda o: torch.arange(0, 4, out=o),
+    "range": lambda o: torch.range(0, 3, out=o),
+    "linspace": lambda o: torch.linspace(0, 3, 4, out=o),
+    "logspace": lambda o: torch.logspace(0, 3, 4, base=2, out=o),
+}
+
+
+@pytest.mark.filterwarnings("ignore:torch.range is deprecated")
+@pytest.mark.parametrize("name", sorted(_FACTORIES_OUT))
+def test_factory_out_of_the_right_numel_keeps_its_shape_and_strides(name):
+    """ATen fills such an out in element order (a non-contiguous view too); it was resized to 1-D and
+    written contiguously from the view's start. Of another numel it is resized, as on CPU."""
+    import warnings
+
+    fn = _FACTORIES_OUT[name]
+    for device in ("cpu", TPU):
+        x = torch.zeros(2, 3, device=device)
+        fn(x.narrow(1, 1, 2))
+        small = torch.zeros(3, device=device)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            fn(small)
+        messages = sorted(str(w.message)[:40] for w in caught if issubclass(w.category, UserWarning)
+                          and "deprecated" not in str(w.message))
+        if device == "cpu":
+            want = (x, small, messages)
+        else:
+            _close(x, want[0])
+            _close(small, want[1])
+            assert messages == want[2]
+
+
+@pytest.mark.filterwarnings("ignore:torch.range is deprecated")
+def test_range_as_cpu():
+    for args, kwargs in [((0, 3), {}), ((1, 2, 0.25), {"dtype": torch.float64}), ((0, -3, -1), {"dtype": torch.int64})]:
+        got, want = torch.range(*args, device=TPU, **kwargs), torch.range(*args, **kwargs)
+        assert got.dtype == want.dtype
+        _close(got, want)

@@ -128,7 +128,7 @@ def record(spec, lowering, via_functional: bool, full: list):
             _counts._cache_hits += 1  # the raw slot: the property adds the native fast path's count
         if prog.resize:
             for index, sizes in prog.resize.items():
-                executor._resize_out(full[index], sizes)
+                executor._resize_out(full[index], sizes, spec)
             return executor.execute(spec, lowering, via_functional, *full)
 
         graph = _graph

@@ -254,7 +254,7 @@ def _execute_slow(spec: OpSpec, lowering: Lowering, via_functional: bool, full: 
         _counts.cache_hits += 1
     if prog.resize:
         for index, sizes in prog.resize.items():
-            _resize_out(full[index], sizes)
+            _resize_out(full[index], sizes, spec)
         return execute(spec, lowering, via_functional, *full)
 
     arrays = [slot_entries[i][0] for i in prog.input_slots]
@@ -348,8 +348,8 @@ def _device_scalars(scalars: list, device: int) -> list:
 _returns = program_mod.returns  # shared with the torch.compile backend (compile/graph.py)
 
 
-def _resize_out(t: torch.Tensor, sizes) -> None:
-    if t.numel() != 0:
+def _resize_out(t: torch.Tensor, sizes, spec: OpSpec) -> None:
+    if t.numel() != 0 and spec.name not in opspec.RESIZED_ONLY_TO_ANOTHER_NUMEL:
         import warnings
 
         warnings.warn(

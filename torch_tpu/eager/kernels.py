@@ -21,7 +21,7 @@ from torch.utils import _pytree as pytree
 
 from torch_tpu import _native, metrics
 from torch_tpu.config import config
-from torch_tpu.eager.opspec import computes_in_out_dtype, functional_counterpart, spec
+from torch_tpu.eager.opspec import RESIZED_ONLY_TO_ANOTHER_NUMEL, computes_in_out_dtype, functional_counterpart, spec
 
 aten = torch.ops.aten
 _CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
@@ -257,10 +257,22 @@ def _fallback(op, *args, **kwargs):
             try:
                 metrics.counts.decompositions += 1
                 metrics.decomposed[str(op)] += 1
+                if s.name in RESIZED_ONLY_TO_ANOTHER_NUMEL and kwargs.get("out") is not None:
+                    return _into_out_as_it_is(decomposition, args, kwargs)
                 return decomposition(*args, **kwargs)
             finally:
                 active.discard(op)
     return cpu_fallback(op, args, kwargs)
+
+
+def _into_out_as_it_is(decomposition, args, kwargs):
+    """A factory's out= (opspec.RESIZED_ONLY_TO_ANOTHER_NUMEL): the reference's result, written into
+    `out` in out's own shape unless the numel differs (the reference would resize it)."""
+    out = kwargs["out"]
+    result = decomposition(*args, **{**kwargs, "out": torch.empty(0, dtype=out.dtype, device=out.device)})
+    if result.numel() != out.numel():
+        out.resize_(result.shape)
+    return out.copy_(result.view(out.shape))
 
 
 def _nested_composites() -> list:
@@ -342,6 +354,8 @@ def cpu_fallback(op, args, kwargs, what: str = ""):
                 if c.is_nested:
                     _native.nested_copy_(originals[id(c)], c)
                 else:
+                    if originals[id(c)].shape != c.shape:  # the CPU kernel resized its out=
+                        originals[id(c)].resize_(c.shape)
                     originals[id(c)].copy_(c)
     device = target or device or torch.device("tpu", torch.tpu.current_device())
 

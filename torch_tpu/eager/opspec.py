@@ -111,6 +111,13 @@ def computes_in_out_dtype(s: OpSpec) -> bool:
     return s.is_out and "dtype" in s.index and s.name.split(".")[1] in OUT_DTYPE_IS_DTYPE
 
 
+# ATen's arange/linspace/logspace/range out= kernels resize `out` (silently) only when its numel
+# differs, and otherwise fill it in its own shape and strides, in element order; their meta kernels
+# and references resize it to the 1-D result.
+RESIZED_ONLY_TO_ANOTHER_NUMEL = frozenset(
+    ("aten.arange.start_out", "aten.linspace.out", "aten.logspace.out", "aten.range.out"))
+
+
 def functional_counterpart(op: torch._ops.OpOverload) -> torch._ops.OpOverload | None:
     """The non-mutating overload whose results a mutating op writes, or None.
 

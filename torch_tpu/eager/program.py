@@ -39,7 +39,7 @@ from torch_tpu.eager.keys import (  # the tags also as program_mod.* (executor.p
     CPU_SCALAR, DYNAMIC, SCALAR, SCALAR_LIST, TENSOR, tensor_entries,
 )
 from torch_tpu.eager.keys import TENSOR_KINDS as _TENSOR_KINDS, rebuild as _rebuild
-from torch_tpu.eager.opspec import Arg, OpSpec, computes_in_out_dtype
+from torch_tpu.eager.opspec import RESIZED_ONLY_TO_ANOTHER_NUMEL, Arg, OpSpec, computes_in_out_dtype
 from torch_tpu.ops import checks
 from torch_tpu.ops.registry import Lowering
 from torch_tpu.runtime import dtypes, strided
@@ -340,6 +340,9 @@ def _meta_outputs(spec: OpSpec, meta_args, key_args, meta=None):
     for i in spec.writes:
         entry = key_args[i]
         if spec.kinds[i] in _TENSOR_KINDS and entry is not None and tuple(meta_args[i].shape) != entry[2]:
+            if (spec.name in RESIZED_ONLY_TO_ANOTHER_NUMEL
+                    and math.prod(meta_args[i].shape) == math.prod(entry[2])):
+                continue
             resize[i] = tuple(meta_args[i].shape)
     return outputs, counts, resize, values
 

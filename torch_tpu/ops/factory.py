@@ -26,18 +26,20 @@ def full(size, fill_value, dtype=None, layout=None, device=None, pin_memory=None
     return jnp.full(tuple(size), fill_value)
 
 
-@lowers(aten.arange.start_out, static_scalars=True)
+@lowers(aten.arange.start_out, aten.range.out, static_scalars=True)
 def arange_out(start, end, step, out):
-    n = out.shape[0]
+    # `out` has the result's numel; its shape is the caller's when that numel was already right (ATen).
+    n = out.size
     # PyTorch computes start + i*step in the accumulate type, then casts.
     wide = jnp.float64 if jnp.issubdtype(out.dtype, jnp.floating) else jnp.int64
-    return (jnp.asarray(start, wide) + jnp.arange(n, dtype=wide) * jnp.asarray(step, wide)).astype(out.dtype)
+    values = jnp.asarray(start, wide) + jnp.arange(n, dtype=wide) * jnp.asarray(step, wide)
+    return values.astype(out.dtype).reshape(out.shape)
 
 
 @lowers(aten.linspace.out, static_scalars=True)
 def linspace_out(start, end, steps, out):
     if steps == 1:
-        return jnp.full((1,), start).astype(out.dtype)
+        return jnp.full(out.shape, start).astype(out.dtype)
     if jnp.issubdtype(out.dtype, jnp.floating):
         # PyTorch's CPU kernel: start/end rounded to the result dtype, the step in its opmath type
         # (float32 for bfloat16/float16/float32), each value rounded once.
@@ -53,7 +55,7 @@ def linspace_out(start, end, steps, out):
     values = jnp.where(i < half, start + step * i, end - step * (steps - 1 - i))
     if jnp.issubdtype(out.dtype, jnp.integer):
         values = jnp.trunc(values)
-    return values.astype(out.dtype)
+    return values.astype(out.dtype).reshape(out.shape)  # out's own shape, as arange_out
 
 
 @lowers(aten.eye.m_out)
