@@ -783,3 +783,36 @@ def test_range_as_cpu():
         got, want = torch.range(*args, device=TPU, **kwargs), torch.range(*args, **kwargs)
         assert got.dtype == want.dtype
         _close(got, want)
+
+
+@pytest.mark.parametrize("dtype, top", [(torch.float32, 2**24), (torch.bfloat16, 2**8), (torch.int64, 2**63 - 1),
+                                        (torch.int16, 2**15 - 1), (torch.bool, 1)])
+def test_random_covers_the_dtypes_whole_range(dtype, top):
+    """random_() draws from [0, 2^digits] (floating) or [0, max] (integers); it drew from half of it."""
+    x = torch.empty(4000, dtype=dtype, device=TPU).random_().cpu().double()
+    assert x.min() >= 0 and x.max() <= top and x.max() > top / 2 and torch.equal(x, x.round())
+    low = -(2**63) if dtype == torch.int64 else -top
+    if dtype != torch.bool:
+        y = torch.empty(4000, dtype=dtype, device=TPU).random_(low, None).cpu().double()
+        assert y.min() >= low and y.max() <= top and y.min() < low / 2 and y.max() > top / 2
+    z = torch.empty(4000, dtype=dtype, device=TPU).random_(0, 2).cpu().double()
+    assert set(z.unique().tolist()) == {0.0, 1.0}
+
+
+@pytest.mark.parametrize("dtype, args", [(torch.float32, (0, -42)), (torch.int64, (-42,)), (torch.bool, (-42, 1)),
+                                         (torch.int8, (0, 1000)), (torch.float16, (-2**40, 0)), (torch.float32, (5, 5))])
+def test_random_checks_its_bounds_as_cpu(dtype, args):
+    _same_error(lambda x: x.random_(*args), torch.empty(3, dtype=dtype))
+
+
+def test_random_warns_about_bounds_past_the_dtypes_exact_integers_as_cpu():
+    import warnings
+
+    def messages(device):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.empty(3, device=device).random_(-2**40, 0)
+            torch.empty(3, dtype=torch.bfloat16, device=device).random_(0, 2**20)
+        return [str(w.message).split(" (Triggered")[0] for w in caught if "out of bounds" in str(w.message)]
+
+    assert messages(TPU) == messages("cpu") and len(messages("cpu")) == 2

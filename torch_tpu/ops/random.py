@@ -4,8 +4,11 @@ and `torch.manual_seed` makes runs reproducible.
 """
 from __future__ import annotations
 
+import warnings
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from torch_tpu.ops import checks
@@ -77,33 +80,111 @@ def bernoulli_p(x, p, generator=None, *, key):
     return jax.random.bernoulli(key, p, x.shape).astype(x.dtype)
 
 
-def _randint(key, shape, low, high, dtype):
-    if jnp.issubdtype(dtype, jnp.floating) or dtype == jnp.bool_:
-        return jax.random.randint(key, shape, low, high, dtype=jnp.int64).astype(dtype)
-    return jax.random.randint(key, shape, low, high, dtype=jnp.int64).astype(dtype)
+# ---------------------------------------------------------------- random_: ATen's ranges and checks
+# random_() draws from [0, 2^digits] for floating types (every integer they hold exactly) and from
+# [0, max] for integer types; random_(from, None) up to those tops; random_(from, to) from [from, to).
+# A draw is `from + (64 random bits mod range)`, as ATen's kernel, so even int64's whole range fits.
+_TYPE_META = {"float32": "float", "float64": "double", "bfloat16": "c10::BFloat16", "float16": "c10::Half",
+              "int64": "long int", "int32": "int", "int16": "short int", "int8": "signed char",
+              "uint8": "unsigned char", "bool": "bool"}
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
-def _dtype_top(dtype):
-    if dtype == jnp.bool_:
-        return 2
-    if jnp.issubdtype(dtype, jnp.floating):
-        return 2 ** jnp.finfo(dtype).nmant + 1
-    return int(jnp.iinfo(dtype).max) + 1 if jnp.iinfo(dtype).max < 2**62 else 2**62
+def _floating(dtype) -> bool:
+    return jnp.issubdtype(dtype, jnp.floating)
+
+
+def _digits(dtype) -> int:
+    return jnp.finfo(dtype).nmant + 1
+
+
+def _as(dtype, value: int) -> float:
+    with np.errstate(over="ignore"):  # past the dtype's range: inf, which the callers check
+        return float(np.asarray(float(value), dtype=dtype))
+
+
+def _representable_from(dtype, low: int) -> int:
+    """The least value of `dtype` that is >= low (ATen's update_from)."""
+    rounded = _as(dtype, low + 1)
+    if not np.isfinite(rounded):  # past the dtype's range: the bound check refuses it
+        return low
+    return int(np.nextafter(np.asarray(rounded, dtype), np.asarray(np.inf, dtype))) if rounded < low else low
+
+
+def _representable_to(dtype, high: int) -> int:
+    """An exclusive bound of `dtype` that is <= high (ATen's update_to)."""
+    rounded = _as(dtype, high - 1)
+    if not np.isfinite(rounded):
+        return high
+    return int(np.nextafter(np.asarray(rounded, dtype), np.asarray(-np.inf, dtype))) if rounded >= high else high
+
+
+def _check_bound(dtype, name: str, value: int) -> None:
+    meta = _TYPE_META.get(jnp.dtype(dtype).name, jnp.dtype(dtype).name)
+    if _floating(dtype):
+        lowest, highest = float(jnp.finfo(dtype).min), float(jnp.finfo(dtype).max)
+    elif dtype == jnp.bool_:
+        lowest, highest = 0, 1
+    else:
+        lowest, highest = int(jnp.iinfo(dtype).min), int(jnp.iinfo(dtype).max)
+    if not lowest <= value <= highest:
+        raise RuntimeError(f"{name} is out of bounds for {meta}")
+    if _floating(dtype) and abs(value) > 1 << _digits(dtype):
+        digits = _digits(dtype)
+        warnings.warn(f"{name} is out of bounds [-(2^{digits}), 2^{digits}]. Due to precision limitations {meta} can "
+                      "support discrete uniform distribution only within this range. This warning will become an "
+                      "error in version 1.7 release, please fix the code in advance", UserWarning, stacklevel=2)
+
+
+def _range(dtype, low: int, high: int | None) -> tuple[int, int]:
+    """(from, number of values) of random_(from, to) on `dtype`, with ATen's checks (raised while tracing:
+    the bounds are static)."""
+    if high is not None:
+        if not low < high:
+            raise RuntimeError(f"random_ expects 'from' to be less than 'to', but got from={low} >= to={high}")
+        if _floating(dtype):
+            low, high = _representable_from(dtype, low), _representable_to(dtype, high)
+            if not low < high:
+                raise RuntimeError("random_ expects 'from' casted to dtype to be less than 'to' casted to dtype, "
+                                   f"but got from={low} >= to={high}")
+        _check_bound(dtype, "from", low)
+        _check_bound(dtype, "to - 1", high - 1)
+        return low, high - low
+    if low == _INT64_MIN:
+        return low, 2**64
+    if _floating(dtype):
+        top = min(1 << _digits(dtype), _INT64_MAX)
+        low = _representable_from(dtype, low)
+        if not low < top:
+            raise RuntimeError("random_ expects 'from' casted to dtype to be less than or equal to 'to_inc' casted to "
+                               f"dtype, but got from={low} > to_inc={top}")
+    else:
+        top = 1 if dtype == jnp.bool_ else int(jnp.iinfo(dtype).max)
+    _check_bound(dtype, "from", low)
+    _check_bound(dtype, "to - 1", top)
+    return low, top - low + 1
+
+
+def _draw(key, x, low: int, count: int):
+    bits = jax.random.bits(key, x.shape, jnp.uint64)
+    if count < 2**64:
+        bits = bits % jnp.uint64(count)
+    return lax.bitcast_convert_type(bits + jnp.uint64(low % 2**64), jnp.int64).astype(x.dtype)
 
 
 @lowers(getattr(aten.random_, "from"), rng=True, static_scalars=True)
 def random_from(x, low, high=None, generator=None, *, key):
-    return _randint(key, x.shape, low, _dtype_top(x.dtype) if high is None else high, x.dtype)
+    return _draw(key, x, *_range(x.dtype, low, high))
 
 
 @lowers(aten.random_.to, rng=True, static_scalars=True)
 def random_to(x, high, generator=None, *, key):
-    return _randint(key, x.shape, 0, high, x.dtype)
+    return _draw(key, x, *_range(x.dtype, 0, high))
 
 
 @lowers(aten.random_.default, rng=True)
 def random_(x, generator=None, *, key):
-    return _randint(key, x.shape, 0, _dtype_top(x.dtype), x.dtype)
+    return _draw(key, x, *_range(x.dtype, 0, None))
 
 
 @lowers(aten.exponential_.default, rng=True)
