@@ -816,3 +816,35 @@ def test_random_warns_about_bounds_past_the_dtypes_exact_integers_as_cpu():
         return [str(w.message).split(" (Triggered")[0] for w in caught if "out of bounds" in str(w.message)]
 
     assert messages(TPU) == messages("cpu") and len(messages("cpu")) == 2
+
+
+@pytest.mark.parametrize("fn", [lambda d: torch.rand(3, dtype=torch.int64, device=d),
+                                lambda d: torch.rand(3, dtype=torch.bool, device=d),
+                                lambda d: torch.empty(3, dtype=torch.int32, device=d).uniform_(),
+                                lambda d: torch.randn(3, dtype=torch.int64, device=d)],
+                         ids=["rand int64", "rand bool", "uniform_ int32", "randn int64"])
+def test_uniform_and_normal_of_an_integer_dtype_raise_as_cpu(fn):
+    with pytest.raises(NotImplementedError) as cpu_error:
+        fn("cpu")
+    with pytest.raises(NotImplementedError) as tpu_error:
+        fn(TPU)
+    assert str(tpu_error.value).replace("_tpu", "_cpu") == str(cpu_error.value)  # the kernel's name may differ
+
+
+@pytest.mark.parametrize("fn", [lambda d: torch.empty(3, device=d).normal_(0, -1),
+                                lambda d: torch.normal(torch.zeros(3, device=d), torch.tensor([1.0, -1.0, 1.0], device=d)),
+                                lambda d: torch.normal(0.0, torch.tensor([1.0, -1.0], device=d)),
+                                lambda d: torch.normal(torch.zeros(2, device=d), -1.0),
+                                lambda d: torch.repeat_interleave(torch.tensor([1, -1], device=d)),
+                                lambda d: torch.repeat_interleave(torch.tensor([1, 2, -1, 3], device=d)),
+                                lambda d: torch.repeat_interleave(torch.tensor([2, -1], device=d), output_size=1)],
+                         ids=["normal_ std", "normal std tensor", "normal float mean", "normal float std",
+                              "repeat_interleave sum 0", "repeat_interleave", "repeat_interleave output_size"])
+def test_negative_std_and_repeats_raise_as_cpu(fn):
+    """Checked in the program (values): raised at the next materialization point."""
+    with pytest.raises(RuntimeError) as cpu_error:
+        fn("cpu")
+    with pytest.raises(RuntimeError) as tpu_error:
+        fn(TPU).cpu()
+        torch.tpu.synchronize()
+    assert str(tpu_error.value).split("\n")[0] == str(cpu_error.value)

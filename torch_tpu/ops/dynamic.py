@@ -22,6 +22,8 @@ import warnings
 import jax.numpy as jnp
 import torch
 
+from torch_tpu.ops import checks
+from torch_tpu.ops.checks import checked
 from torch_tpu.ops.registry import aten, kernel, lowers, prepare
 
 _lib = torch.library.Library("torch_tpu", "FRAGMENT")  # other modules may add ops to the namespace too
@@ -358,12 +360,18 @@ def bincount(x, weights=None, minlength=0):
 def _repeat_interleave_arguments(repeats, output_size=None):
     # Only a None output_size changes (to a number): a call that gives one hits natively.
     if output_size is None:
-        output_size = _size(repeats.sum()) if repeats.numel() else 0
+        output_size = 0
+        if repeats.numel():  # one read for the size and ATen's check (the program checks it too)
+            output_size, least = (int(v) for v in torch.stack((repeats.sum(), repeats.min())).tolist())
+            if least < 0:
+                raise RuntimeError("repeats can not be negative")
     return (repeats,), {"output_size": output_size}
 
 
 @lowers(aten.repeat_interleave.Tensor)
+@checked
 def repeat_interleave(repeats, output_size=None):
+    checks.require(repeats >= 0, checks.NEGATIVE_REPEATS)
     # Output element j is the index i whose cumulative repeat range holds j.
     ends = jnp.cumsum(repeats)
     return jnp.searchsorted(ends, jnp.arange(output_size), side="right").astype(jnp.int64)

@@ -13,15 +13,33 @@ from jax import lax
 
 from torch_tpu.ops import checks
 from torch_tpu.ops.registry import aten, lowers
+from torch_tpu.runtime import dtypes
 
 
 def _float_dtype(dtype):
     return dtype if jnp.issubdtype(dtype, jnp.floating) else jnp.float32
 
 
+def _floating_only(dtype, kernel: str) -> None:
+    """ATen's dispatch of uniform_/normal_ over floating (and complex) types only."""
+    if not jnp.issubdtype(dtype, jnp.inexact):
+        raise NotImplementedError(f"\"{kernel}\" not implemented for '{dtypes.scalar_type_name(dtypes.to_torch(dtype))}'")
+
+
+def _std_tensor(std):
+    checks.require(std >= 0, checks.NORMAL_STD)
+    return std
+
+
+def _std_float(std):
+    checks.require(jnp.asarray(std) >= 0, checks.NORMAL_STD_FLOAT, checks.float_bits(std))
+    return std
+
+
 @lowers(aten.uniform.default, rng=True)
 @checks.checked
 def uniform(x, low=0.0, high=1.0, generator=None, *, key):
+    _floating_only(x.dtype, "check_uniform_bounds")
     checks.require(jnp.asarray(low) <= jnp.asarray(high), checks.UNIFORM_RANGE, checks.float_bits(low), 0,
                    checks.float_bits(high))
     dt = _float_dtype(x.dtype)
@@ -29,24 +47,29 @@ def uniform(x, low=0.0, high=1.0, generator=None, *, key):
 
 
 @lowers(aten.normal_.default, rng=True)
+@checks.checked
 def normal_(x, mean=0.0, std=1.0, generator=None, *, key):
-    return (jax.random.normal(key, x.shape, dtype=jnp.float32) * std + mean).astype(_float_dtype(x.dtype))
+    _floating_only(x.dtype, "normal_kernel_tpu")
+    return (jax.random.normal(key, x.shape, dtype=jnp.float32) * _std_float(std) + mean).astype(_float_dtype(x.dtype))
 
 
 @lowers(aten.normal.Tensor_Tensor, rng=True)
+@checks.checked
 def normal_tensors(mean, std, generator=None, *, key):
     shape = jnp.broadcast_shapes(mean.shape, std.shape)
-    return jax.random.normal(key, shape, dtype=jnp.float32) * std + mean
+    return jax.random.normal(key, shape, dtype=jnp.float32) * _std_tensor(std) + mean
 
 
 @lowers(aten.normal.Tensor_float, rng=True)
+@checks.checked
 def normal_tensor_float(mean, std=1.0, generator=None, *, key):
-    return jax.random.normal(key, mean.shape, dtype=jnp.float32) * std + mean
+    return jax.random.normal(key, mean.shape, dtype=jnp.float32) * _std_float(std) + mean
 
 
 @lowers(aten.normal.float_Tensor, rng=True)
+@checks.checked
 def normal_float_tensor(mean, std, generator=None, *, key):
-    return jax.random.normal(key, std.shape, dtype=jnp.float32) * std + mean
+    return jax.random.normal(key, std.shape, dtype=jnp.float32) * _std_tensor(std) + mean
 
 
 def _check_probability(p):
@@ -84,9 +107,6 @@ def bernoulli_p(x, p, generator=None, *, key):
 # random_() draws from [0, 2^digits] for floating types (every integer they hold exactly) and from
 # [0, max] for integer types; random_(from, None) up to those tops; random_(from, to) from [from, to).
 # A draw is `from + (64 random bits mod range)`, as ATen's kernel, so even int64's whole range fits.
-_TYPE_META = {"float32": "float", "float64": "double", "bfloat16": "c10::BFloat16", "float16": "c10::Half",
-              "int64": "long int", "int32": "int", "int16": "short int", "int8": "signed char",
-              "uint8": "unsigned char", "bool": "bool"}
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
@@ -120,7 +140,7 @@ def _representable_to(dtype, high: int) -> int:
 
 
 def _check_bound(dtype, name: str, value: int) -> None:
-    meta = _TYPE_META.get(jnp.dtype(dtype).name, jnp.dtype(dtype).name)
+    meta = dtypes.cpp_name(dtypes.to_torch(dtype))
     if _floating(dtype):
         lowest, highest = float(jnp.finfo(dtype).min), float(jnp.finfo(dtype).max)
     elif dtype == jnp.bool_:
