@@ -848,3 +848,12 @@ def test_negative_std_and_repeats_raise_as_cpu(fn):
         fn(TPU).cpu()
         torch.tpu.synchronize()
     assert str(tpu_error.value).split("\n")[0] == str(cpu_error.value)
+
+
+@pytest.mark.parametrize("fn", [torch.linspace, torch.logspace])
+@pytest.mark.parametrize("args, kwargs", [((1j, 2j, 3), {}), ((1, 2j, 5), {"dtype": torch.complex64}),
+                                          ((-1 + 1j, 3 - 2j, 7), {})])
+def test_linspace_and_logspace_of_complex_ends(fn, args, kwargs):
+    got, want = fn(*args, device=TPU, **kwargs), fn(*args, **kwargs)
+    assert got.dtype == want.dtype == torch.complex64
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-6)

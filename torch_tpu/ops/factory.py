@@ -40,10 +40,13 @@ def arange_out(start, end, step, out):
 def linspace_out(start, end, steps, out):
     if steps == 1:
         return jnp.full(out.shape, start).astype(out.dtype)
-    if jnp.issubdtype(out.dtype, jnp.floating):
+    if jnp.issubdtype(out.dtype, jnp.inexact):
         # PyTorch's CPU kernel: start/end rounded to the result dtype, the step in its opmath type
-        # (float32 for bfloat16/float16/float32), each value rounded once.
-        wide = jnp.float64 if out.dtype == jnp.float64 else jnp.float32
+        # (float32 for bfloat16/float16/float32; complex in complex), each value rounded once.
+        if jnp.issubdtype(out.dtype, jnp.complexfloating):
+            wide = out.dtype
+        else:
+            wide = jnp.float64 if out.dtype == jnp.float64 else jnp.float32
         start, end = (jnp.asarray(v, out.dtype).astype(wide) for v in (start, end))
     else:
         wide = jnp.float64
