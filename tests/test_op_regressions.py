@@ -857,3 +857,12 @@ def test_linspace_and_logspace_of_complex_ends(fn, args, kwargs):
     got, want = fn(*args, device=TPU, **kwargs), fn(*args, **kwargs)
     assert got.dtype == want.dtype == torch.complex64
     torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("op", [torch.complex, torch.polar])
+def test_decomposed_ops_raise_cpus_words(op):
+    """complex/polar run PyTorch's references, whose checks print "torch.float32" where the CPU kernel
+    says "Float": a decomposition's error is replaced by the CPU kernel's for the same arguments."""
+    a, b = torch.tensor([1.0, 2.0]), torch.tensor([3.0, 4.0], dtype=torch.float64)
+    _same_error(op, a, b)
+    _same_error(lambda x, o: op(x, x, out=o), a, torch.zeros(2))

@@ -47,6 +47,32 @@ def as_cpu_error(spec, key, scalars, err: BaseException) -> BaseException:
     return cpu_err
 
 
+def as_cpu_error_of_call(op, args, kwargs, err: BaseException) -> BaseException:
+    """`as_cpu_error` for a call that never became a program (a decomposition raised): PyTorch's CPU
+    kernel asked with zeros of the arguments' shapes and dtypes (the references word some checks
+    otherwise: "scalar type torch.float32" for CPU's "scalar type Float")."""
+    if not isinstance(err, FOREIGN) or isinstance(err, NotImplementedError) or op.namespace not in _PYTORCH_NAMESPACES:
+        return err
+    tensors = [x for x in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
+    if any(t.numel() > _MAX_ELEMENTS or t.is_nested or t.layout != torch.strided for t in tensors):
+        return err
+
+    def on_cpu(x):
+        if isinstance(x, torch.Tensor):
+            return torch.zeros(x.shape, dtype=x.dtype)
+        return torch.device("cpu") if isinstance(x, torch.device) else x
+
+    cpu_args, cpu_kwargs = torch.utils._pytree.tree_map(on_cpu, (args, kwargs))
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            op(*cpu_args, **cpu_kwargs)
+    except Exception as cpu_err:  # noqa: BLE001  (PyTorch's own error)
+        if type(cpu_err) is not type(err) or str(cpu_err) != str(err):
+            return cpu_err
+    return err
+
+
 def check_out_dtypes(spec, key_args, scalars, result_dtype) -> None:
     """Raise PyTorch's error for an out= tensor of a dtype its kernel refuses: neg(half, out=float)
     raises "Found dtype Float but expected Half" on every device (TensorIterator's same-dtype check),

@@ -21,6 +21,7 @@ from torch.utils import _pytree as pytree
 
 from torch_tpu import _native, metrics
 from torch_tpu.config import config
+from torch_tpu.eager import cpu_errors
 from torch_tpu.eager.opspec import RESIZED_ONLY_TO_ANOTHER_NUMEL, computes_in_out_dtype, functional_counterpart, spec
 
 aten = torch.ops.aten
@@ -260,6 +261,11 @@ def _fallback(op, *args, **kwargs):
                 if s.name in RESIZED_ONLY_TO_ANOTHER_NUMEL and kwargs.get("out") is not None:
                     return _into_out_as_it_is(decomposition, args, kwargs)
                 return decomposition(*args, **kwargs)
+            except cpu_errors.FOREIGN as err:  # PyTorch's CPU error for the same arguments, if it has one
+                replacement = cpu_errors.as_cpu_error_of_call(op, args, kwargs, err)
+                if replacement is err:
+                    raise
+                raise replacement from None
             finally:
                 active.discard(op)
     return cpu_fallback(op, args, kwargs)
