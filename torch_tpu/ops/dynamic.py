@@ -25,6 +25,7 @@ import torch
 from torch_tpu.ops import checks
 from torch_tpu.ops.checks import checked
 from torch_tpu.ops.registry import aten, kernel, lowers, prepare
+from torch_tpu.runtime.dtypes import scalar_type_name
 
 _lib = torch.library.Library("torch_tpu", "FRAGMENT")  # other modules may add ops to the namespace too
 _lib.define("count_unique(Tensor self, int? dim, bool consecutive) -> Tensor")
@@ -341,8 +342,6 @@ def bincount_static(x, weights, size):
 def bincount(x, weights=None, minlength=0):
     # ATen's order: the dtype dispatch (integral types only), then minlength, then the values.
     if x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool:
-        from torch_tpu.runtime.dtypes import scalar_type_name
-
         raise NotImplementedError(f"\"bincount_tpu\" not implemented for '{scalar_type_name(x.dtype)}'")
     if minlength < 0:
         raise RuntimeError("minlength should be >= 0")
