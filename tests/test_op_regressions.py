@@ -729,6 +729,11 @@ def test_histc_of_a_non_finite_range_raises(x, kwargs, message):
            torch.histc(torch.tensor([float("inf"), 1.0]), bins=3, min=0, max=3))
 
 
+@pytest.mark.parametrize("low, high", [(0, float("inf")), (float("-inf"), 1), (0, float("nan"))])
+def test_histc_of_a_given_non_finite_range_raises_at_the_call(low, high):
+    _same_error(lambda x: torch.histc(x, bins=4, min=low, max=high), torch.tensor([1.0]))
+
+
 def test_searchsorted_checks_its_sorter_and_out_dtype_as_cpu():
     s = torch.tensor([1, 2, 3])
     with pytest.raises(RuntimeError, match="sorter index out of range"):

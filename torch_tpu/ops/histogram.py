@@ -5,6 +5,8 @@ only the number of bins shapes the result.
 """
 from __future__ import annotations
 
+import math
+
 import jax.numpy as jnp
 
 from torch_tpu.ops import checks
@@ -20,6 +22,8 @@ def _isnan(v):
 @checked
 def histc(x, bins=100, min=0, max=0):
     a = x.reshape(-1)
+    if min != max and not (math.isfinite(min) and math.isfinite(max)):  # a given range: raised at the call
+        raise RuntimeError(f"torch.histc: range of [{min:g}, {max:g}] is not finite")
     lo = jnp.asarray(min, a.dtype)
     hi = jnp.asarray(max, a.dtype)
     if min == max:  # PyTorch: the data's own range (values, not shapes: stays in the program)
