@@ -871,3 +871,14 @@ def test_decomposed_ops_raise_cpus_words(op):
     a, b = torch.tensor([1.0, 2.0]), torch.tensor([3.0, 4.0], dtype=torch.float64)
     _same_error(op, a, b)
     _same_error(lambda x, o: op(x, x, out=o), a, torch.zeros(2))
+
+
+@pytest.mark.parametrize("repeats", [torch.arange(4).reshape(2, 2), torch.arange(4.0), torch.tensor([True])],
+                         ids=["2-d", "float", "bool"])
+def test_repeat_interleave_checks_its_repeats_as_cpu(repeats):
+    with pytest.raises(RuntimeError) as cpu_error:
+        torch.repeat_interleave(repeats)
+    with pytest.raises(RuntimeError) as tpu_error:
+        torch.repeat_interleave(repeats.to(TPU))
+    assert type(tpu_error.value) is type(cpu_error.value)
+    assert str(tpu_error.value) == str(cpu_error.value).replace("_cpu", "_tpu")

@@ -358,6 +358,10 @@ def bincount(x, weights=None, minlength=0):
 @prepare(aten.repeat_interleave.Tensor, only_on_miss=True)
 def _repeat_interleave_arguments(repeats, output_size=None):
     # Only a None output_size changes (to a number): a call that gives one hits natively.
+    if repeats.dtype not in (torch.int32, torch.int64):  # ATen's checks, in its order
+        raise NotImplementedError(f"\"repeat_interleave_tpu\" not implemented for '{scalar_type_name(repeats.dtype)}'")
+    if repeats.dim() != 1:
+        raise RuntimeError("repeat_interleave only accept 1D vector as repeat")
     if output_size is None:
         output_size = 0
         if repeats.numel():  # one read for the size and ATen's check (the program checks it too)
