@@ -882,3 +882,15 @@ def test_repeat_interleave_checks_its_repeats_as_cpu(repeats):
         torch.repeat_interleave(repeats.to(TPU))
     assert type(tpu_error.value) is type(cpu_error.value)
     assert str(tpu_error.value) == str(cpu_error.value).replace("_cpu", "_tpu")
+
+
+def test_uniform_and_normal_of_complex_fill_both_parts_as_cpu():
+    """Only the real part was drawn (the imaginary part was 0)."""
+    torch.manual_seed(0)
+    for device in ("cpu", TPU):
+        u = torch.empty(20000, dtype=torch.complex64, device=device).uniform_(1, 3).cpu()
+        n = torch.empty(20000, dtype=torch.complex64, device=device).normal_(mean=1, std=2).cpu()
+        for part in (u.real, u.imag):
+            assert 1 <= part.min() and part.max() <= 3 and abs(part.mean().item() - 2) < 0.05
+        for part in (n.real, n.imag):  # each part normal(mean, std / sqrt(2)), as ATen
+            assert abs(part.mean().item() - 1) < 0.05 and abs(part.std().item() - 2 / 2**0.5) < 0.05

@@ -4,6 +4,7 @@ and `torch.manual_seed` makes runs reproducible.
 """
 from __future__ import annotations
 
+import math
 import warnings
 
 import jax
@@ -42,6 +43,9 @@ def uniform(x, low=0.0, high=1.0, generator=None, *, key):
     _floating_only(x.dtype, "check_uniform_bounds")
     checks.require(jnp.asarray(low) <= jnp.asarray(high), checks.UNIFORM_RANGE, checks.float_bits(low), 0,
                    checks.float_bits(high))
+    if jnp.issubdtype(x.dtype, jnp.complexfloating):  # ATen: the real and imaginary parts each uniform
+        parts = jax.random.uniform(key, x.shape + (2,), dtype=jnp.float32, minval=low, maxval=high)
+        return lax.complex(parts[..., 0], parts[..., 1]).astype(x.dtype)
     dt = _float_dtype(x.dtype)
     return jax.random.uniform(key, x.shape, dtype=jnp.float32, minval=low, maxval=high).astype(dt)
 
@@ -50,6 +54,9 @@ def uniform(x, low=0.0, high=1.0, generator=None, *, key):
 @checks.checked
 def normal_(x, mean=0.0, std=1.0, generator=None, *, key):
     _floating_only(x.dtype, "normal_kernel_tpu")
+    if jnp.issubdtype(x.dtype, jnp.complexfloating):  # ATen: both parts normal(mean, std / sqrt(2))
+        parts = jax.random.normal(key, x.shape + (2,), dtype=jnp.float32) * (_std_float(std) / math.sqrt(2)) + mean
+        return lax.complex(parts[..., 0], parts[..., 1]).astype(x.dtype)
     return (jax.random.normal(key, x.shape, dtype=jnp.float32) * _std_float(std) + mean).astype(_float_dtype(x.dtype))
 
 
