@@ -894,3 +894,12 @@ def test_uniform_and_normal_of_complex_fill_both_parts_as_cpu():
             assert 1 <= part.min() and part.max() <= 3 and abs(part.mean().item() - 2) < 0.05
         for part in (n.real, n.imag):  # each part normal(mean, std / sqrt(2)), as ATen
             assert abs(part.mean().item() - 1) < 0.05 and abs(part.std().item() - 2 / 2**0.5) < 0.05
+
+
+def test_reading_an_empty_result_still_raises_its_ops_value_check():
+    """`.cpu()` of a tensor with no elements is a materialization point too: the failed check of the
+    program that made it surfaces there (it waited for a later read before)."""
+    sequence, sorter = torch.tensor([1.0, 2.0, 3.0], device=TPU), torch.tensor([0, 1, 3], device=TPU)
+    empty = torch.searchsorted(sequence, torch.empty(0, device=TPU), sorter=sorter)
+    with pytest.raises(RuntimeError, match="sorter index out of range"):
+        empty.cpu()

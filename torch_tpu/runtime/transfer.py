@@ -70,7 +70,8 @@ def dense_array(t: torch.Tensor, flat: bool = False):
 
 def download(t: torch.Tensor) -> torch.Tensor:
     """A tpu tensor's value as a new CPU tensor (waits for the device)."""
-    if t.numel() == 0:
+    if t.numel() == 0:  # no value to read, but still a materialization point (pending work, value checks)
+        storage.materialize()
         return torch.empty(tuple(t.shape), dtype=t.dtype)
     array = dense_array(t, flat=True)
     if array is None:  # never written: PyTorch would show uninitialised memory
