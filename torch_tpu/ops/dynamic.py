@@ -25,7 +25,7 @@ import torch
 from torch_tpu.ops import checks
 from torch_tpu.ops.checks import checked
 from torch_tpu.ops.registry import aten, kernel, lowers, prepare
-from torch_tpu.runtime.dtypes import scalar_type_name
+from torch_tpu.runtime.dtypes import not_implemented
 
 _lib = torch.library.Library("torch_tpu", "FRAGMENT")  # other modules may add ops to the namespace too
 _lib.define("count_unique(Tensor self, int? dim, bool consecutive) -> Tensor")
@@ -342,7 +342,7 @@ def bincount_static(x, weights, size):
 def bincount(x, weights=None, minlength=0):
     # ATen's order: the dtype dispatch (integral types only), then minlength, then the values.
     if x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool:
-        raise NotImplementedError(f"\"bincount_tpu\" not implemented for '{scalar_type_name(x.dtype)}'")
+        raise not_implemented("bincount_tpu", x.dtype)
     if minlength < 0:
         raise RuntimeError("minlength should be >= 0")
     if x.dim() != 1:
@@ -359,7 +359,7 @@ def bincount(x, weights=None, minlength=0):
 def _repeat_interleave_arguments(repeats, output_size=None):
     # Only a None output_size changes (to a number): a call that gives one hits natively.
     if repeats.dtype not in (torch.int32, torch.int64):  # ATen's checks, in its order
-        raise NotImplementedError(f"\"repeat_interleave_tpu\" not implemented for '{scalar_type_name(repeats.dtype)}'")
+        raise not_implemented("repeat_interleave_tpu", repeats.dtype)
     if repeats.dim() != 1:
         raise RuntimeError("repeat_interleave only accept 1D vector as repeat")
     if output_size is None:

@@ -24,7 +24,7 @@ def _float_dtype(dtype):
 def _floating_only(dtype, kernel: str) -> None:
     """ATen's dispatch of uniform_/normal_ over floating (and complex) types only."""
     if not jnp.issubdtype(dtype, jnp.inexact):
-        raise NotImplementedError(f"\"{kernel}\" not implemented for '{dtypes.scalar_type_name(dtypes.to_torch(dtype))}'")
+        raise dtypes.not_implemented(kernel, dtypes.to_torch(dtype))
 
 
 def _std_tensor(std):

@@ -104,3 +104,8 @@ def cpp_name(dtype: torch.dtype) -> str:
 def scalar_type_name(dtype: torch.dtype) -> str:
     """"Long" for torch.int64, as in "self.dtype = Float and out.dtype = Long"."""
     return _SCALAR_TYPES.get(dtype, str(dtype))
+
+
+def not_implemented(kernel: str, dtype: torch.dtype) -> NotImplementedError:
+    """ATen's dispatch error for a dtype a kernel has no case for: "bincount_tpu" not implemented for 'Float'."""
+    return NotImplementedError(f"\"{kernel}\" not implemented for '{scalar_type_name(dtype)}'")
