@@ -63,14 +63,10 @@ def as_cpu_error_of_call(op, args, kwargs, err: BaseException) -> BaseException:
         return torch.device("cpu") if isinstance(x, torch.device) else x
 
     cpu_args, cpu_kwargs = torch.utils._pytree.tree_map(on_cpu, (args, kwargs))
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            op(*cpu_args, **cpu_kwargs)
-    except Exception as cpu_err:  # noqa: BLE001  (PyTorch's own error)
-        if type(cpu_err) is not type(err) or str(cpu_err) != str(err):
-            return cpu_err
-    return err
+    cpu_err = _error_of(lambda: op(*cpu_args, **cpu_kwargs))
+    if cpu_err is None or (type(cpu_err) is type(err) and str(cpu_err) == str(err)):
+        return err
+    return cpu_err
 
 
 def check_out_dtypes(spec, key_args, scalars, result_dtype) -> None:
@@ -133,10 +129,15 @@ def _replay(spec, key_args, scalars) -> BaseException | None:
         return None
     if "device" in spec.index:
         args[spec.index["device"]] = torch.device("cpu")
+    return _error_of(lambda: spec.call(args))
+
+
+def _error_of(call) -> BaseException | None:
+    """The exception a CPU call raises (its warnings silenced: only its error is asked for), or None."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            spec.call(args)
+            call()
     except Exception as cpu_err:  # noqa: BLE001  (PyTorch's own error)
         return cpu_err
     return None
