@@ -131,6 +131,34 @@ def test_bad_values_raise_like_cpu(case, mode):
     assert torch.tpu.memory_allocated() == baseline
 
 
+# Checks of Python scalars: ATen makes them on the host, so they raise at the call on every device.
+SCALAR_CASES = {
+    "uniform_ from > to": lambda d: torch.empty(3, device=d).uniform_(42, -42),
+    "uniform_ to - from": lambda d: torch.empty(3, device=d).uniform_(-3e38, 3e38),
+    "uniform_ from out of bounds": lambda d: torch.empty(3, dtype=torch.float16, device=d).uniform_(-7e4, 0),
+    "uniform_ empty": lambda d: torch.empty(0, device=d).uniform_(3, 1),
+    "uniform_ complex": lambda d: torch.empty(3, dtype=torch.complex64, device=d).uniform_(3, 1),
+    "normal_ std": lambda d: torch.empty(3, device=d).normal_(0, -1),
+    "normal float std": lambda d: torch.normal(torch.zeros(2, device=d), -1.0),
+    "normal sized": lambda d: torch.normal(0.0, float("nan"), (3,), device=d),
+    "bernoulli_ p": lambda d: torch.empty(3, device=d).bernoulli_(1.5),
+    "bernoulli p": lambda d: torch.bernoulli(torch.empty(3, device=d), -0.5),
+}
+
+
+@_all_modes
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("case", sorted(SCALAR_CASES))
+def test_bad_python_scalars_raise_at_the_call(case, mode):
+    with pytest.raises(RuntimeError) as cpu_error:
+        SCALAR_CASES[case]("cpu")
+    with torch_tpu.execution_mode(mode):
+        with pytest.raises(RuntimeError) as tpu_error:
+            SCALAR_CASES[case]("tpu")  # no read: raised before anything is launched or recorded
+        assert str(tpu_error.value) == str(cpu_error.value)
+        _device_works()
+
+
 @_all_modes
 @pytest.mark.parametrize("mode", MODES)
 def test_failed_results_are_not_values(mode):

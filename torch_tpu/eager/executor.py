@@ -195,7 +195,8 @@ def kernel(spec: OpSpec, lowering: Lowering, via_functional: bool):
     """The tpu kernel registered for one op: native for cache hits, `execute` otherwise."""
     k = _native.OpKernel()
     k.op, k.kinds, k.names, k.defaults, k.required = spec.name, spec.kinds, spec.names, spec.defaults, opspec.REQUIRED
-    k.static_scalars, k.precision, k.use_fast = lowering.static_scalars, lowering.precision, not lowering.rng
+    k.static_scalars, k.precision = lowering.static_scalars, lowering.precision
+    k.use_fast = not (lowering.rng or lowering.host_check)  # the native paths would skip both
     k.slow = functools.partial(execute, spec, lowering, via_functional)
     k.programs, k.buffers, k.scalar_cache, k.miss = programs, _buffers, _scalar_cache, _MISS
     k.precision_key, k.translate, k.runtime_error = precision.matmul_precision, translate_runtime_error, jax.errors.JaxRuntimeError
@@ -221,6 +222,8 @@ _record = _no_recorder
 def execute(spec: OpSpec, lowering: Lowering, via_functional: bool, *args, **kwargs):
     """Run one dispatched op as its cached program; return what the op returns."""
     full = list(args) if not kwargs and len(args) == spec.n_args else spec.normalize(args, kwargs)
+    if lowering.host_check is not None:
+        lowering.host_check(*full)
     if config.defer_and_fuse:  # DeferAndFuse: record instead of launching (defer.py)
         return _record(spec, lowering, via_functional, full)
     if not (lowering.rng or config.launch_blocking or _trace.active or xla_options.active):

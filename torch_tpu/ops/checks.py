@@ -49,21 +49,18 @@ ERRORS = {
     10: (RuntimeError, "Class values must be non-negative."),
     11: (IndexError, "index_copy_(): index {value} is out of bounds for dimension {dim} with size {size}"),
     12: (RuntimeError, "Index {dim} of input takes value {value} which is not in the valid range [0, {size})"),
-    13: (RuntimeError, "bernoulli_ expects p to be in [0, 1], but got p={fvalue:g}"),
-    14: (RuntimeError, "uniform_ expects to return a [from, to) range, but found from={fvalue:g} > to={fsize:g}"),
     16: (RuntimeError, "torch.histc: range of [{fvalue:g}, {fsize:g}] is not finite"),
     17: (RuntimeError, "torch.searchsorted(): sorter index out of range"),
     18: (RuntimeError, "repeats can not be negative"),
     19: (RuntimeError, "normal expects all elements of std >= 0.0"),
-    20: (RuntimeError, "normal expects std >= 0.0, but found std {fvalue:g}"),
 }
 INDEX_IN_SELF, INDEX_BOUNDS, GATHER_BOUNDS, TARGET, TAKE = 1, 2, 3, 4, 5
 MULTINOMIAL_INVALID, MULTINOMIAL_SUM, BERNOULLI, ONE_HOT_BIG, ONE_HOT_NEGATIVE = 6, 7, 8, 9, 10
-INDEX_COPY, EMBEDDING_BAG, BERNOULLI_FLOAT, UNIFORM_RANGE = 11, 12, 13, 14
+INDEX_COPY, EMBEDDING_BAG = 11, 12  # 13, 14 and 20 were checks of Python scalars, now made on the host
 # PyTorch's `_linalg_check_errors` (a LAPACK-style info != 0): the exception is PyTorch's own, made by
 # that op on the host from the flag (`linalg_api` names the API; see `_linalg_error`).
 LINALG = 15
-HISTC_RANGE, SORTER_RANGE, NEGATIVE_REPEATS, NORMAL_STD, NORMAL_STD_FLOAT = 16, 17, 18, 19, 20
+HISTC_RANGE, SORTER_RANGE, NEGATIVE_REPEATS, NORMAL_STD = 16, 17, 18, 19
 _linalg_apis: dict[int, str] = {}
 
 _state = threading.local()

@@ -10,6 +10,7 @@ import warnings
 import jax
 import jax.numpy as jnp
 import numpy as np
+import torch
 from jax import lax
 
 from torch_tpu.ops import checks
@@ -28,21 +29,60 @@ def _floating_only(dtype, kernel: str) -> None:
 
 
 def _std_tensor(std):
-    checks.require(std >= 0, checks.NORMAL_STD)
+    checks.require(std >= 0, checks.NORMAL_STD)  # ATen reads the minimum (a sync); here a value check
     return std
 
 
-def _std_float(std):
-    checks.require(jnp.asarray(std) >= 0, checks.NORMAL_STD_FLOAT, checks.float_bits(std))
-    return std
+# ---------------------------------------------------------------- ATen's checks of Python scalars
+# On the host, at the call (`host_check`), as every PyTorch device makes them. A lowering asks again
+# when it sees the values (a torch.compile graph's constants); in an eager program they are traced.
+def _concrete(*values) -> bool:
+    return all(isinstance(v, (int, float)) for v in values)
 
 
-@lowers(aten.uniform.default, rng=True)
-@checks.checked
+def _check_uniform(dtype: torch.dtype, low, high) -> None:
+    """uniform_impl_'s checks (empty tensors included)."""
+    real = dtype.to_real() if dtype.is_complex else dtype
+    if not real.is_floating_point:
+        return  # the lowering raises ATen's dispatch error
+    lowest, highest = torch.finfo(real).min, torch.finfo(real).max
+    for name, value in (("from", low), ("to", high)):
+        if not lowest <= value <= highest:
+            raise RuntimeError(f"{name} is out of bounds for {dtypes.cpp_name(real)}")
+    if not low <= high:
+        raise RuntimeError(f"uniform_ expects to return a [from, to) range, but found from={low:g} > to={high:g}")
+    if high - low > highest:
+        raise RuntimeError(f"uniform_ expects to-from <= std::numeric_limits<{dtypes.scalar_type_name(real)}>::max(), "
+                           f"but found to={high:g} and from={low:g} which result in to-from to exceed the limit")
+
+
+def _check_std(std) -> None:
+    if _concrete(std) and not std >= 0:
+        raise RuntimeError(f"normal expects std >= 0.0, but found std {std:g}")
+
+
+def _check_p(p) -> None:
+    if _concrete(p) and not 0 <= p <= 1:
+        raise RuntimeError(f"bernoulli_ expects p to be in [0, 1], but got p={p:g}")
+
+
+def _uniform_host_check(x, low=0.0, high=1.0, generator=None):
+    _check_uniform(x.dtype, low, high)
+
+
+def _normal_host_check(x, mean=0.0, std=1.0, generator=None):
+    _check_std(std)
+
+
+def _bernoulli_host_check(x, p=0.5, generator=None):
+    _check_p(p)
+
+
+@lowers(aten.uniform.default, rng=True, host_check=_uniform_host_check)
 def uniform(x, low=0.0, high=1.0, generator=None, *, key):
     _floating_only(x.dtype, "check_uniform_bounds")
-    checks.require(jnp.asarray(low) <= jnp.asarray(high), checks.UNIFORM_RANGE, checks.float_bits(low), 0,
-                   checks.float_bits(high))
+    if _concrete(low, high):
+        _check_uniform(dtypes.to_torch(x.dtype), low, high)
     if jnp.issubdtype(x.dtype, jnp.complexfloating):  # ATen: the real and imaginary parts each uniform
         parts = jax.random.uniform(key, x.shape + (2,), dtype=jnp.float32, minval=low, maxval=high)
         return lax.complex(parts[..., 0], parts[..., 1]).astype(x.dtype)
@@ -50,14 +90,14 @@ def uniform(x, low=0.0, high=1.0, generator=None, *, key):
     return jax.random.uniform(key, x.shape, dtype=jnp.float32, minval=low, maxval=high).astype(dt)
 
 
-@lowers(aten.normal_.default, rng=True)
-@checks.checked
+@lowers(aten.normal_.default, rng=True, host_check=_normal_host_check)
 def normal_(x, mean=0.0, std=1.0, generator=None, *, key):
     _floating_only(x.dtype, "normal_kernel_tpu")
+    _check_std(std)
     if jnp.issubdtype(x.dtype, jnp.complexfloating):  # ATen: both parts normal(mean, std / sqrt(2))
-        parts = jax.random.normal(key, x.shape + (2,), dtype=jnp.float32) * (_std_float(std) / math.sqrt(2)) + mean
+        parts = jax.random.normal(key, x.shape + (2,), dtype=jnp.float32) * (std / math.sqrt(2)) + mean
         return lax.complex(parts[..., 0], parts[..., 1]).astype(x.dtype)
-    return (jax.random.normal(key, x.shape, dtype=jnp.float32) * _std_float(std) + mean).astype(_float_dtype(x.dtype))
+    return (jax.random.normal(key, x.shape, dtype=jnp.float32) * std + mean).astype(_float_dtype(x.dtype))
 
 
 @lowers(aten.normal.Tensor_Tensor, rng=True)
@@ -67,10 +107,10 @@ def normal_tensors(mean, std, generator=None, *, key):
     return jax.random.normal(key, shape, dtype=jnp.float32) * _std_tensor(std) + mean
 
 
-@lowers(aten.normal.Tensor_float, rng=True)
-@checks.checked
+@lowers(aten.normal.Tensor_float, rng=True, host_check=_normal_host_check)
 def normal_tensor_float(mean, std=1.0, generator=None, *, key):
-    return jax.random.normal(key, mean.shape, dtype=jnp.float32) * _std_float(std) + mean
+    _check_std(std)
+    return jax.random.normal(key, mean.shape, dtype=jnp.float32) * std + mean
 
 
 @lowers(aten.normal.float_Tensor, rng=True)
@@ -79,20 +119,16 @@ def normal_float_tensor(mean, std, generator=None, *, key):
     return jax.random.normal(key, std.shape, dtype=jnp.float32) * _std_tensor(std) + mean
 
 
-def _check_probability(p):
-    p = jnp.asarray(p)
-    if p.ndim == 0 and not jnp.issubdtype(p.dtype, jnp.floating):  # an integer p: 0 or 1 are the valid ones
-        p = p.astype(jnp.float64)
-    if p.ndim == 0:  # a Python float (bernoulli_.float, bernoulli.p): PyTorch's message shows it
-        checks.require((p >= 0) & (p <= 1), checks.BERNOULLI_FLOAT, checks.float_bits(p))
-    else:
-        checks.require((p >= 0) & (p <= 1), checks.BERNOULLI)
+@lowers(aten.bernoulli_.float, rng=True, host_check=_bernoulli_host_check)
+def bernoulli_float(x, p=0.5, generator=None, *, key):
+    _check_p(p)
+    return jax.random.bernoulli(key, p, x.shape).astype(x.dtype)
 
 
-@lowers(aten.bernoulli_.float, aten.bernoulli_.Tensor, rng=True)
+@lowers(aten.bernoulli_.Tensor, rng=True)
 @checks.checked
-def bernoulli_(x, p=0.5, generator=None, *, key):
-    _check_probability(p)
+def bernoulli_(x, p, generator=None, *, key):
+    checks.require((p >= 0) & (p <= 1), checks.BERNOULLI)
     return jax.random.bernoulli(key, p, x.shape).astype(x.dtype)
 
 
@@ -103,10 +139,9 @@ def bernoulli(x, generator=None, *, key):
     return jax.random.bernoulli(key, x.astype(jnp.float32), x.shape).astype(x.dtype)
 
 
-@lowers(aten.bernoulli.p, rng=True)
-@checks.checked
+@lowers(aten.bernoulli.p, rng=True, host_check=_bernoulli_host_check)
 def bernoulli_p(x, p, generator=None, *, key):
-    _check_probability(p)
+    _check_p(p)
     return jax.random.bernoulli(key, p, x.shape).astype(x.dtype)
 
 

@@ -62,6 +62,10 @@ class Lowering:
     # real A): the lowering gets `contiguous=`, one bool per name, read from the strides in the
     # program's key (so each layout is its own program, in eager, DeferAndFuse and compiled graphs).
     layout_args: tuple[str, ...] = ()
+    # Checks of the call's Python scalars that ATen makes on the host (uniform_'s from <= to): called
+    # with the op's arguments before each launch or recording, so a bad value raises at the call as on
+    # every PyTorch device, not at the next materialization point as a value check in the program.
+    host_check: Callable | None = None
     # False: torch.compile graphs only; eager keeps the op's own kernel (collectives: c10d's, which
     # calls the process group; the lowering needs the SPMD program of a graph, ops/collectives.py).
     eager: bool = True
