@@ -79,3 +79,19 @@ def test_devices_have_independent_generators():
     b0 = torch.rand(3, device="tpu:0").cpu()
     assert torch.equal(a0, b0)
     assert torch_tpu.__name__
+
+
+@pytest.mark.parametrize("draw, dtype, n", [
+    (lambda out: torch.randperm(7, out=out, device="tpu"), torch.int64, 7),
+    (lambda out: torch.normal(torch.zeros(4, device="tpu"), 1.0, out=out), torch.float32, 4)],
+    ids=["randperm", "normal"])
+def test_an_out_resized_by_its_first_run_draws_the_calls_numbers(draw, dtype, n):
+    """A random op whose out= is resized runs its program again: it takes one offset, not two, so it draws
+    what the same call with a sized out= draws (PyTorch's test_randperm compares the two under fork_rng)."""
+    state = torch.tpu.get_rng_state()
+    sized = draw(torch.empty(n, dtype=dtype, device="tpu"))
+    after_sized = torch.tpu.get_rng_state()
+    torch.tpu.set_rng_state(state)
+    resized = draw(torch.empty(0, dtype=dtype, device="tpu"))
+    assert torch.equal(resized.cpu(), sized.cpu())
+    assert torch.equal(torch.tpu.get_rng_state(), after_sized)

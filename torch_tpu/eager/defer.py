@@ -127,9 +127,7 @@ def record(spec, lowering, via_functional: bool, full: list):
         else:
             _counts._cache_hits += 1  # the raw slot: the property adds the native fast path's count
         if prog.resize:
-            for index, sizes in prog.resize.items():
-                executor._resize_out(full[index], sizes, spec)
-            return executor.execute(spec, lowering, via_functional, *full)
+            return executor.resize_and_rerun(spec, lowering, via_functional, full, prog, generator, device)
 
         graph = _graph
         ext, ext_ids = graph.ext, graph.ext_ids

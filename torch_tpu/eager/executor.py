@@ -187,6 +187,18 @@ def _rng_scalars(generator, device: int):
     return (seed & 0xFFFFFFFF, seed >> 32, offset & 0xFFFFFFFF, offset >> 32)
 
 
+def resize_and_rerun(spec: OpSpec, lowering: Lowering, via_functional: bool, full: list, prog, generator, device: int):
+    """Resize the out= tensors a program's first run found too small, and run the call again. An RNG op
+    gives back the offset it took: the rerun draws this call's numbers (randperm(n, out=empty) draws
+    as randperm(n))."""
+    if lowering.rng:
+        generator = generator if generator is not None else _native.default_generator(device)
+        generator.set_offset(generator.get_offset() - 1)
+    for index, sizes in prog.resize.items():
+        _resize_out(full[index], sizes, spec)
+    return execute(spec, lowering, via_functional, *full)
+
+
 _MISS = object()
 _NO_TRACE = contextlib.nullcontext()
 
@@ -256,9 +268,7 @@ def _execute_slow(spec: OpSpec, lowering: Lowering, via_functional: bool, full: 
     else:
         _counts.cache_hits += 1
     if prog.resize:
-        for index, sizes in prog.resize.items():
-            _resize_out(full[index], sizes, spec)
-        return execute(spec, lowering, via_functional, *full)
+        return resize_and_rerun(spec, lowering, via_functional, full, prog, generator, device)
 
     arrays = [slot_entries[i][0] for i in prog.input_slots]
     if scalars:
