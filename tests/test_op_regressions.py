@@ -826,14 +826,24 @@ def test_random_warns_about_bounds_past_the_dtypes_exact_integers_as_cpu():
 @pytest.mark.parametrize("fn", [lambda d: torch.rand(3, dtype=torch.int64, device=d),
                                 lambda d: torch.rand(3, dtype=torch.bool, device=d),
                                 lambda d: torch.empty(3, dtype=torch.int32, device=d).uniform_(),
-                                lambda d: torch.randn(3, dtype=torch.int64, device=d)],
-                         ids=["rand int64", "rand bool", "uniform_ int32", "randn int64"])
+                                lambda d: torch.randn(3, dtype=torch.int64, device=d),
+                                lambda d: torch.randperm(3, dtype=torch.bool, device=d)],
+                         ids=["rand int64", "rand bool", "uniform_ int32", "randn int64", "randperm bool"])
 def test_uniform_and_normal_of_an_integer_dtype_raise_as_cpu(fn):
     with pytest.raises(NotImplementedError) as cpu_error:
         fn("cpu")
     with pytest.raises(NotImplementedError) as tpu_error:
         fn(TPU)
     assert str(tpu_error.value).replace("_tpu", "_cpu") == str(cpu_error.value)  # the kernel's name may differ
+
+
+def test_uniform_of_double_draws_in_double():
+    """uniform_ over most of double's range stays finite and in range (a float32 draw overflowed to -inf)."""
+    low = torch.finfo(torch.float64).min
+    t = torch.empty(2000, dtype=torch.float64, device=TPU).uniform_(low, 0).cpu()
+    assert low <= t.min() <= low * 0.9 and low * 0.1 <= t.max() < 0
+    x = torch.empty(2000, dtype=torch.float64, device=TPU).uniform_(0, 1).cpu()
+    assert (x != x.float().double()).float().mean() > 0.9  # more than float32's 24 bits of resolution
 
 
 @pytest.mark.parametrize("fn", [lambda d: torch.empty(3, device=d).normal_(0, -1),

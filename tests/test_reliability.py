@@ -143,6 +143,8 @@ SCALAR_CASES = {
     "normal sized": lambda d: torch.normal(0.0, float("nan"), (3,), device=d),
     "bernoulli_ p": lambda d: torch.empty(3, device=d).bernoulli_(1.5),
     "bernoulli p": lambda d: torch.bernoulli(torch.empty(3, device=d), -0.5),
+    "randperm half": lambda d: torch.randperm(2**11 + 2, out=torch.empty(0, dtype=torch.half, device=d)),
+    "randperm uint8": lambda d: torch.randperm(257, dtype=torch.uint8, device=d),
 }
 
 

@@ -18,8 +18,9 @@ from torch_tpu.ops.registry import aten, lowers
 from torch_tpu.runtime import dtypes
 
 
-def _float_dtype(dtype):
-    return dtype if jnp.issubdtype(dtype, jnp.floating) else jnp.float32
+def _draw_dtype(dtype):
+    """The dtype a floating draw is made in: float32 (ATen's opmath for half types), or double's own."""
+    return jnp.float64 if dtype in (jnp.float64, jnp.complex128) else jnp.float32
 
 
 def _floating_only(dtype, kernel: str) -> None:
@@ -78,26 +79,27 @@ def _bernoulli_host_check(x, p=0.5, generator=None):
     _check_p(p)
 
 
-@lowers(aten.uniform.default, rng=True, host_check=_uniform_host_check)
+@lowers(aten.uniform.default, rng=True, host_check=_uniform_host_check, runtime=("from", "to"))
 def uniform(x, low=0.0, high=1.0, generator=None, *, key):
     _floating_only(x.dtype, "check_uniform_bounds")
     if _concrete(low, high):
         _check_uniform(dtypes.to_torch(x.dtype), low, high)
+    draw = _draw_dtype(x.dtype)
     if jnp.issubdtype(x.dtype, jnp.complexfloating):  # ATen: the real and imaginary parts each uniform
-        parts = jax.random.uniform(key, x.shape + (2,), dtype=jnp.float32, minval=low, maxval=high)
+        parts = jax.random.uniform(key, x.shape + (2,), dtype=draw, minval=low, maxval=high)
         return lax.complex(parts[..., 0], parts[..., 1]).astype(x.dtype)
-    dt = _float_dtype(x.dtype)
-    return jax.random.uniform(key, x.shape, dtype=jnp.float32, minval=low, maxval=high).astype(dt)
+    return jax.random.uniform(key, x.shape, dtype=draw, minval=low, maxval=high).astype(x.dtype)
 
 
-@lowers(aten.normal_.default, rng=True, host_check=_normal_host_check)
+@lowers(aten.normal_.default, rng=True, host_check=_normal_host_check, runtime=("mean", "std"))
 def normal_(x, mean=0.0, std=1.0, generator=None, *, key):
     _floating_only(x.dtype, "normal_kernel_tpu")
     _check_std(std)
+    draw = _draw_dtype(x.dtype)
     if jnp.issubdtype(x.dtype, jnp.complexfloating):  # ATen: both parts normal(mean, std / sqrt(2))
-        parts = jax.random.normal(key, x.shape + (2,), dtype=jnp.float32) * (std / math.sqrt(2)) + mean
+        parts = jax.random.normal(key, x.shape + (2,), dtype=draw) * (std / math.sqrt(2)) + mean
         return lax.complex(parts[..., 0], parts[..., 1]).astype(x.dtype)
-    return (jax.random.normal(key, x.shape, dtype=jnp.float32) * std + mean).astype(_float_dtype(x.dtype))
+    return (jax.random.normal(key, x.shape, dtype=draw) * std + mean).astype(x.dtype)
 
 
 @lowers(aten.normal.Tensor_Tensor, rng=True)
@@ -107,7 +109,7 @@ def normal_tensors(mean, std, generator=None, *, key):
     return jax.random.normal(key, shape, dtype=jnp.float32) * _std_tensor(std) + mean
 
 
-@lowers(aten.normal.Tensor_float, rng=True, host_check=_normal_host_check)
+@lowers(aten.normal.Tensor_float, rng=True, host_check=_normal_host_check, runtime=("std",))
 def normal_tensor_float(mean, std=1.0, generator=None, *, key):
     _check_std(std)
     return jax.random.normal(key, mean.shape, dtype=jnp.float32) * std + mean
@@ -254,7 +256,25 @@ def exponential_(x, lambd=1.0, generator=None, *, key):
     return (jax.random.exponential(key, x.shape, dtype=jnp.float32) / lambd).astype(x.dtype)
 
 
-@lowers(aten.randperm.generator_out, rng=True)
+_RANDPERM_LIMITS = {torch.float16: (2**11 + 1, "2049", "Half"), torch.float32: (2**24 + 1, "2^24+1", "Float"),
+                    torch.float64: (2**53 + 1, "2^53+1", "Double")}
+
+
+def _randperm_host_check(n, generator=None, out=None):
+    """ATen's randperm checks: the dtypes it dispatches, and n's largest value held exactly by `out`."""
+    dtype = out.dtype
+    if dtype == torch.bool or dtype.is_complex:
+        raise dtypes.not_implemented("randperm", dtype)
+    if n <= 0:
+        return
+    if not dtype.is_floating_point and n - 1 > torch.iinfo(dtype).max:
+        torch.scalar_tensor(n - 1, dtype=dtype)  # ATen's own overflow error ("... to type uint8_t without overflow")
+    limit, text, name = _RANDPERM_LIMITS.get(dtype, (n, "", ""))
+    if n > limit:
+        raise RuntimeError(f"n cannot be greater than {text} for {name} type.")
+
+
+@lowers(aten.randperm.generator_out, rng=True, host_check=_randperm_host_check)
 def randperm_out(n, generator=None, out=None, *, key):
     return jax.random.permutation(key, n).astype(out.dtype)
 
