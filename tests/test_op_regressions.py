@@ -913,3 +913,19 @@ def test_reading_an_empty_result_still_raises_its_ops_value_check():
     empty = torch.searchsorted(sequence, torch.empty(0, device=TPU), sorter=sorter)
     with pytest.raises(RuntimeError, match="sorter index out of range"):
         empty.cpu()
+
+
+@pytest.mark.parametrize("name", ["eq_", "lt_", "atan2_", "fmod_", "remainder_", "pow_", "xlogy_", "heaviside_",
+                                  "copysign_", "hypot_", "add_", "lerp_", "addcmul_"])
+def test_in_place_ops_do_not_grow_self_to_the_broadcast_shape(name):
+    """PyTorch's Python-reference meta kernels of some in-place ops resize self to the broadcast shape; every
+    device refuses it (TensorIterator), and so does tpu: self keeps its shape and values."""
+    def call(device):
+        small, large = torch.arange(4.0, device=device).reshape(1, 4), torch.ones(3, 4, device=device)
+        args = (large, large) if name in ("lerp_", "addcmul_") else (large,)
+        with pytest.raises(RuntimeError) as error:
+            getattr(small, name)(*args)
+        assert small.shape == (1, 4) and small.cpu().tolist() == [[0.0, 1.0, 2.0, 3.0]]
+        return str(error.value)
+
+    assert call(TPU) == call("cpu")

@@ -139,7 +139,7 @@ def _error_of(call) -> BaseException | None:
             warnings.simplefilter("ignore")
             call()
     except Exception as cpu_err:  # noqa: BLE001  (PyTorch's own error)
-        return cpu_err
+        return cpu_err.with_traceback(None)  # raised at the user's call, not inside this replay
     return None
 
 

@@ -343,6 +343,9 @@ def _meta_outputs(spec: OpSpec, meta_args, key_args, meta=None):
             if (spec.name in RESIZED_ONLY_TO_ANOTHER_NUMEL
                     and math.prod(meta_args[i].shape) == math.prod(entry[2])):
                 continue
+            if not spec.is_out:  # in place: the Python-reference meta kernels (eq_, fmod_, pow_...) resize self
+                raise RuntimeError(f"output with shape {list(entry[2])} doesn't match the broadcast shape "
+                                   f"{list(meta_args[i].shape)}")
             resize[i] = tuple(meta_args[i].shape)
     return outputs, counts, resize, values
 
