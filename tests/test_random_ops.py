@@ -60,6 +60,16 @@ def test_distribution_moments(name, make, mean, std):
         _close(sample.std(), std, 0.02 * std)
 
 
+@pytest.mark.parametrize("dtype", [torch.int64, torch.uint8, torch.float64])
+def test_geometric_of_other_dtypes(dtype):
+    """geometric_ draws integers into any real dtype, as ATen (the reference decomposition ran uniform_ on self)."""
+    torch.manual_seed(0)
+    with no_fallback():
+        sample = torch.empty(N, dtype=dtype, device="tpu").geometric_(0.25).cpu()
+    assert sample.dtype == dtype and sample.min() >= 1
+    _close(sample.double().mean(), 4.0, 6 * (0.75 / 0.25**2) ** 0.5 / N**0.5)
+
+
 def test_cauchy_median_and_quartiles():
     """cauchy_(median, sigma): median and quartiles at median -+ sigma."""
     torch.manual_seed(0)

@@ -251,6 +251,21 @@ def random_(x, generator=None, *, key):
     return _draw(key, x, *_range(x.dtype, 0, None))
 
 
+def _geometric_host_check(x, p, generator=None):
+    if not 0 < p < 1:
+        raise RuntimeError(f"geometric_ expects p to be in (0, 1), but got p={p:g}")
+
+
+@lowers(aten.geometric.default, rng=True, host_check=_geometric_host_check, runtime=("p",))
+def geometric(x, p, generator=None, *, key):
+    """The number of Bernoulli(p) trials to the first success, in any real dtype (ATen's ceil(log(u) / log1p(-p)))."""
+    if x.dtype == jnp.bool_ or jnp.issubdtype(x.dtype, jnp.complexfloating):
+        raise dtypes.not_implemented("geometric_tpu", dtypes.to_torch(x.dtype))
+    draw = _draw_dtype(x.dtype)
+    u = jax.random.uniform(key, x.shape, dtype=draw, minval=jnp.finfo(draw).tiny, maxval=1.0)
+    return jnp.ceil(jnp.log(u) / jnp.log1p(-jnp.asarray(p, draw))).astype(x.dtype)
+
+
 @lowers(aten.exponential_.default, rng=True)
 def exponential_(x, lambd=1.0, generator=None, *, key):
     return (jax.random.exponential(key, x.shape, dtype=jnp.float32) / lambd).astype(x.dtype)
