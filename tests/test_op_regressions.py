@@ -929,3 +929,32 @@ def test_in_place_ops_do_not_grow_self_to_the_broadcast_shape(name):
         return str(error.value)
 
     assert call(TPU) == call("cpu")
+
+
+_EXPANDED_WRITES = {
+    "add_": lambda x, d: x.add_(1), "relu_": lambda x, d: x.relu_(), "elu_": lambda x, d: F.elu_(x),
+    "silu inplace": lambda x, d: F.silu(x, inplace=True), "uniform_": lambda x, d: x.uniform_(),
+    "index_copy_": lambda x, d: x.index_copy_(0, torch.tensor([0], device=d), torch.ones(1, 6, device=d)),
+    "abs out=": lambda x, d: torch.abs(torch.ones(6, 6, device=d), out=x),
+    "mm out=": lambda x, d: torch.mm(torch.ones(6, 6, device=d), torch.ones(6, 6, device=d), out=x),
+    # accepted by ATen: these kernels do not check
+    "fill_": lambda x, d: x.fill_(1), "masked_fill_": lambda x, d: x.masked_fill_(torch.ones(6, 6, device=d) > 0, 1.0),
+    "index_put_": lambda x, d: x.index_put_((torch.tensor([0], device=d),), torch.tensor(1.0, device=d)),
+    "sum out=": lambda x, d: torch.sum(torch.ones(6, 6, 6, device=d), 0, out=x),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_EXPANDED_WRITES))
+def test_writing_an_expanded_tensor_raises_where_the_cpu_kernel_does(case):
+    """An expanded tensor's elements share memory: most kernels refuse to write it, a few accept; tpu
+    follows the CPU kernel, asked with the tensor's own strides."""
+    def call(device):
+        x = torch.arange(6.0, device=device).reshape(1, 6).expand(6, 6)
+        try:
+            _EXPANDED_WRITES[case](x, device)
+            torch.tpu.synchronize()
+        except RuntimeError as err:
+            return str(err)
+        return None
+
+    assert call(TPU) == call("cpu")

@@ -26,8 +26,7 @@ from torch_tpu.runtime.dtypes import cpp_name, scalar_type_name
 FOREIGN = (TypeError, ValueError, IndexError, AssertionError, KeyError, RuntimeError)
 _MAX_ELEMENTS = 1 << 24
 _PYTORCH_NAMESPACES = ("aten", "prims")
-_INTERNAL_OVERLAP = ("unsupported operation: more than one element of the written-to tensor refers to a single "
-                     "memory location. Please clone() the tensor before performing the operation.")  # never allocate a big CPU copy on an error path
+_INTERNAL_OVERLAP = "unsupported operation: more than one element of the written-to tensor refers to a single"
 
 
 def as_cpu_error(spec, key, scalars, err: BaseException) -> BaseException:
@@ -37,10 +36,6 @@ def as_cpu_error(spec, key, scalars, err: BaseException) -> BaseException:
     if spec.op.namespace not in _PYTORCH_NAMESPACES:  # a custom op (a jax_op): no CPU kernel of PyTorch's to ask
         return err
     key_args = key[2:2 + spec.n_args]
-    for i in spec.writes:  # an expanded tensor written in place or as out=: PyTorch refuses it
-        for entry in keys.tensor_entries(spec.kinds[i], key_args[i]):
-            if any(stride == 0 and size > 1 for size, stride in zip(entry[2], entry[3])):
-                return RuntimeError(_INTERNAL_OVERLAP)
     cpu_err = _replay(spec, key_args, scalars)
     if cpu_err is None or (type(cpu_err) is type(err) and str(cpu_err) == str(err)):
         return err
@@ -92,6 +87,23 @@ def check_out_dtypes(spec, key_args, scalars, result_dtype) -> None:
         raise cpu_err
 
 
+def check_internal_overlap(spec, key_args, scalars) -> None:
+    """Raise PyTorch's error for writing a tensor whose elements share memory (an expanded tensor, a zero
+    stride): most kernels refuse it ("unsupported operation: more than one element of the written-to
+    tensor refers to a single memory location"), some accept it (fill_, masked_fill_, index_put_). The
+    CPU kernel is asked, on zeros with the written tensors' own strides, when one has a zero stride."""
+    if spec.op.namespace not in _PYTORCH_NAMESPACES or not any(
+            _expanded(entry) for i in spec.writes for entry in keys.tensor_entries(spec.kinds[i], key_args[i])):
+        return
+    cpu_err = _replay(spec, key_args, scalars, strided=True)
+    if cpu_err is not None and _INTERNAL_OVERLAP in str(cpu_err):
+        raise cpu_err
+
+
+def _expanded(entry) -> bool:
+    return any(stride == 0 and size > 1 for size, stride in zip(entry[2], entry[3]))
+
+
 def check_cast(result_dtype: torch.dtype, dtype: torch.dtype) -> None:
     """PyTorch's error for an in-place op whose result type cannot be cast to its tensor's `dtype`
     (some meta kernels, mul_'s and addcmul_'s, let it through)."""
@@ -110,15 +122,21 @@ def _is_dtype_error(err: BaseException) -> bool:
             and "not implemented for" not in text and "Unsupported dtype" not in text)
 
 
-def _replay(spec, key_args, scalars) -> BaseException | None:
-    """The exception PyTorch's CPU kernel raises for these arguments on zeros, or None (it accepts them, or
-    they cannot be replayed: too big, not rebuildable)."""
+def _replay(spec, key_args, scalars, strided: bool = False) -> BaseException | None:
+    """The exception PyTorch's CPU kernel raises for these arguments on zeros (contiguous, or `strided` as
+    the key's tensors), or None (it accepts them, or they cannot be replayed: too big, not rebuildable)."""
     too_big = []
 
     def tensor(entry, offset):
-        if math.prod(entry[2]) > _MAX_ELEMENTS:
+        sizes, strides = entry[2], entry[3]
+        extent = 1 + sum((size - 1) * abs(stride) for size, stride in zip(sizes, strides)) if strided else 0
+        if math.prod(sizes) > _MAX_ELEMENTS or extent > _MAX_ELEMENTS:
             too_big.append(entry)
-        return torch.zeros(entry[2] if not too_big else (), dtype=entry[1])
+        if too_big:
+            return torch.zeros((), dtype=entry[1])
+        if strided and 0 not in sizes:
+            return torch.zeros(extent, dtype=entry[1]).as_strided(sizes, strides)
+        return torch.zeros(sizes, dtype=entry[1])
 
     try:
         args, _ = keys.rebuild(spec, key_args, [_host(s) for s in scalars], tensor, lambda v, t: v,
