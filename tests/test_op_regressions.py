@@ -958,3 +958,17 @@ def test_writing_an_expanded_tensor_raises_where_the_cpu_kernel_does(case):
         return None
 
     assert call(TPU) == call("cpu")
+
+
+@pytest.mark.parametrize("shape", [(0, 4, 2, 2), (3, 4, 0)])
+def test_group_norm_of_an_empty_input_and_its_backward(shape):
+    """A batch of 0 (nn.Module empty-input tests) and an empty spatial size: forward and grad_input as CPU."""
+    results = []
+    for device in ("cpu", TPU):
+        mod = torch.nn.GroupNorm(2, 4).to(device)
+        x = torch.zeros(shape, device=device, requires_grad=True)
+        out = mod(x)
+        out.backward(torch.ones_like(out))
+        results.append((out.shape, x.grad.shape, mod.bias.grad.cpu()))
+    assert results[0][:2] == results[1][:2]
+    torch.testing.assert_close(results[1][2], results[0][2])

@@ -267,9 +267,9 @@ def native_layer_norm_backward(grad, x, normalized_shape, mean, rstd, weight, bi
 
 
 # ---------------------------------------------------------------- group norm
-def _grouped(x, n, group):
-    """(N, C, *) -> (N, group, C/group * HxW)."""
-    return x.reshape(n, group, -1)
+def _grouped(x, n, c, hxw, group):
+    """(N, C, *) -> (N, group, C/group * HxW); sizes spelled out: a batch of 0 leaves no -1 to infer."""
+    return x.reshape(n, group, c // group * hxw)
 
 
 def _meta_group_norm(x, weight, bias, n, c, hxw, group, eps):
@@ -278,7 +278,7 @@ def _meta_group_norm(x, weight, bias, n, c, hxw, group, eps):
 
 @lowers(aten.native_group_norm.default, meta=_meta_group_norm)
 def native_group_norm(x, weight, bias, n, c, hxw, group, eps):
-    a = _grouped(_opmath(x), n, group)
+    a = _grouped(_opmath(x), n, c, hxw, group)
     mean = jnp.mean(a, axis=-1)
     var = jnp.mean(jnp.square(a - mean[..., None]), axis=-1)
     rstd = lax.rsqrt(var + eps)
@@ -290,9 +290,15 @@ def native_group_norm(x, weight, bias, n, c, hxw, group, eps):
     return out, mean, rstd
 
 
-@lowers(aten.native_group_norm_backward.default)
+def _meta_group_norm_backward(grad, x, mean, rstd, weight, n, c, hxw, group, output_mask):
+    """Shapes as ATen's kernel (PyTorch's decomposition divides by HxW, so a 0-size spatial input raised)."""
+    return (x.new_empty(x.shape) if output_mask[0] else None,
+            x.new_empty((c,)) if output_mask[1] else None, x.new_empty((c,)) if output_mask[2] else None)
+
+
+@lowers(aten.native_group_norm_backward.default, meta=_meta_group_norm_backward)
 def native_group_norm_backward(grad, x, mean, rstd, weight, n, c, hxw, group, output_mask):
-    g, a = _opmath(grad).reshape(n, c, -1), _opmath(x).reshape(n, c, -1)
+    g, a = _opmath(grad).reshape(n, c, hxw), _opmath(x).reshape(n, c, hxw)
     per_group = c // group
     mean_c = jnp.repeat(mean, per_group, axis=1)[..., None]  # (N, C, 1)
     rstd_c = jnp.repeat(rstd, per_group, axis=1)[..., None]
@@ -300,9 +306,9 @@ def native_group_norm_backward(grad, x, mean, rstd, weight, n, c, hxw, group, ou
     grad_input = grad_weight = grad_bias = None
     if output_mask[0]:
         gw = g if weight is None else g * _opmath(weight)[None, :, None]
-        m = per_group * a.shape[-1]
-        sum_gw = jnp.repeat(jnp.sum(gw.reshape(n, group, -1), axis=-1), per_group, axis=1)[..., None]
-        sum_gwx = jnp.repeat(jnp.sum((gw * xhat).reshape(n, group, -1), axis=-1), per_group, axis=1)[..., None]
+        m = per_group * hxw
+        sum_gw = jnp.repeat(jnp.sum(_grouped(gw, n, c, hxw, group), axis=-1), per_group, axis=1)[..., None]
+        sum_gwx = jnp.repeat(jnp.sum(_grouped(gw * xhat, n, c, hxw, group), axis=-1), per_group, axis=1)[..., None]
         grad_input = (rstd_c / m * (m * gw - sum_gw - xhat * sum_gwx)).reshape(x.shape)
     if output_mask[1]:
         grad_weight = jnp.sum(g * xhat, axis=(0, 2))
