@@ -6,6 +6,7 @@ run on 10 samples in the heavy sweep (tests/test_opinfo.py), linspace's on all o
 """
 from __future__ import annotations
 
+import math
 import re
 
 import pytest
@@ -972,3 +973,26 @@ def test_group_norm_of_an_empty_input_and_its_backward(shape):
         results.append((out.shape, x.grad.shape, mod.bias.grad.cpu()))
     assert results[0][:2] == results[1][:2]
     torch.testing.assert_close(results[1][2], results[0][2])
+
+
+@pytest.mark.parametrize("target_dtype", [torch.uint8, torch.int32])
+@pytest.mark.parametrize("dims", [1, 2, 4])
+def test_nll_loss_target_dtypes_as_aten(target_dtype, dims):
+    """Long, or Byte for 1-D/2-D inputs (a Byte target matches Long's loss and gradient); an Int target raises
+    ATen's error (PyTorch's reference meta kernel refused Byte and accepted Int)."""
+    shape = {1: (4,), 2: (6, 4), 4: (2, 4, 3, 3)}[dims]
+    results = []
+    for device in ("cpu", TPU):
+        x = torch.linspace(-1, 1, math.prod(shape), device=device).reshape(shape).requires_grad_()
+        target = (torch.arange(math.prod(shape) // 4, device=device) % 4).reshape(shape[:1] + shape[2:] if dims > 1 else ())
+        try:
+            loss = F.nll_loss(x.log_softmax(0 if dims == 1 else 1), target.to(target_dtype))
+            loss.backward()
+            results.append((loss.item(), x.grad.cpu()))
+        except RuntimeError as err:
+            results.append(str(err))
+    if isinstance(results[0], str):
+        assert results[1] == results[0]
+    else:
+        assert results[1][0] == pytest.approx(results[0][0], rel=1e-5)
+        torch.testing.assert_close(results[1][1], results[0][1])

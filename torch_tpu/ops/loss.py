@@ -17,6 +17,7 @@ from jax import lax
 
 from torch_tpu.ops import checks
 from torch_tpu.ops.registry import Promote, aten, lowers
+from torch_tpu.runtime import dtypes
 
 _NONE, _MEAN, _SUM = 0, 1, 2
 _PAIR = ("self", "target")
@@ -45,9 +46,30 @@ def _nll_weights(x, target, weight, ignore_index, class_dim):
     return safe, wt
 
 
-@lowers(aten.nll_loss_forward.default, aten.nll_loss2d_forward.default)
+def _nll_target_meta(op, byte: bool, at: int = 1):
+    """ATen's target dtype rule (its structured meta function, on every device): Long, or Byte for the
+    1-D/2-D kernels, which PyTorch's reference meta kernel refuses (its gather wants int64) and whose Int
+    it accepts."""
+    import torch
+
+    def meta(*args):
+        target = args[at]
+        if target.dtype not in (torch.int64, torch.uint8):
+            raise RuntimeError(f"expected target dtype to be Long or Byte, but got {dtypes.scalar_type_name(target.dtype)}")
+        if target.dtype == torch.uint8:
+            if not byte:
+                raise RuntimeError("expected scalar type Long but found Byte")
+            args = (*args[:at], target.long(), *args[at + 1:])
+        return op(*args)
+
+    return meta
+
+
+@lowers(aten.nll_loss_forward.default, meta=_nll_target_meta(aten.nll_loss_forward.default, byte=True))
+@lowers(aten.nll_loss2d_forward.default, meta=_nll_target_meta(aten.nll_loss2d_forward.default, byte=False))
 @checks.checked
 def nll_loss_forward(x, target, weight, reduction, ignore_index):
+    target = target.astype(jnp.int64)  # a Byte target: the ignore_index (-100) comparison needs a signed type
     class_dim = 0 if x.ndim == 1 else 1
     n_classes = x.shape[class_dim]
     checks.require((target == ignore_index) | ((target >= 0) & (target < n_classes)), checks.TARGET, target)
@@ -60,8 +82,10 @@ def nll_loss_forward(x, target, weight, reduction, ignore_index):
     return _reduce(loss, reduction, total), total
 
 
-@lowers(aten.nll_loss_backward.default, aten.nll_loss2d_backward.default)
+@lowers(aten.nll_loss_backward.default, meta=_nll_target_meta(aten.nll_loss_backward.default, byte=True, at=2))
+@lowers(aten.nll_loss2d_backward.default)
 def nll_loss_backward(grad, x, target, weight, reduction, ignore_index, total_weight):
+    target = target.astype(jnp.int64)
     class_dim = 0 if x.ndim == 1 else 1
     safe, wt = _nll_weights(x, target, weight, ignore_index, class_dim)
     g = grad / total_weight if reduction == _MEAN else grad
