@@ -996,3 +996,18 @@ def test_nll_loss_target_dtypes_as_aten(target_dtype, dims):
     else:
         assert results[1][0] == pytest.approx(results[0][0], rel=1e-5)
         torch.testing.assert_close(results[1][1], results[0][1])
+
+
+@pytest.mark.parametrize("target_lengths", [[0, 0, 0], [0, 5, 0]])
+def test_ctc_loss_with_empty_targets(target_lengths):
+    """All targets empty (one blank state per sample): loss and gradient as CPU (the scan's carry changed width)."""
+    results = []
+    for device in ("cpu", TPU):
+        torch.manual_seed(0)
+        targets = torch.randint(1, 15, (sum(target_lengths),))
+        log_probs = torch.randn(20, 3, 15).log_softmax(2).to(device).requires_grad_()
+        loss = F.ctc_loss(log_probs, targets.to(device), [20, 20, 20], target_lengths, reduction="none")
+        loss.sum().backward()
+        results.append((loss.detach().cpu(), log_probs.grad.cpu()))
+    torch.testing.assert_close(results[1][0], results[0][0])
+    torch.testing.assert_close(results[1][1], results[0][1], atol=1e-5, rtol=1e-4)

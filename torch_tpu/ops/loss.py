@@ -273,7 +273,8 @@ def _ctc_alpha(log_probs, targets, target_lengths, blank, max_target):
 
     def step(alpha, lp_t):
         prev1 = jnp.concatenate([jnp.full((n, 1), neg_inf), alpha[:, :-1]], axis=1)
-        prev2 = jnp.where(skip, jnp.concatenate([jnp.full((n, 2), neg_inf), alpha[:, :-2]], axis=1), neg_inf)
+        shifted2 = jnp.concatenate([jnp.full((n, 2), neg_inf), alpha[:, :-2]], axis=1)[:, :s]  # s is 1 for empty targets
+        prev2 = jnp.where(skip, shifted2, neg_inf)
         new = _logaddexp3(alpha, prev1, prev2) + jnp.take_along_axis(lp_t, extended, axis=1)
         return new, new
 
