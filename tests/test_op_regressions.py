@@ -1011,3 +1011,14 @@ def test_ctc_loss_with_empty_targets(target_lengths):
         results.append((loss.detach().cpu(), log_probs.grad.cpu()))
     torch.testing.assert_close(results[1][0], results[0][0])
     torch.testing.assert_close(results[1][1], results[0][1], atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_hardswish_gradient_at_its_corners(dtype):
+    """ATen: 0 at x = -3, the incoming gradient at x = 3 (test_nn's test_hardswish_grad_corner)."""
+    grads = []
+    for device in ("cpu", TPU):
+        x = torch.tensor([-3.0, 3.0, 0.0, -4.0, 4.0], dtype=dtype, device=device, requires_grad=True)
+        F.hardswish(x).backward(torch.ones(5, dtype=dtype, device=device))
+        grads.append(x.grad.cpu())
+    assert torch.equal(grads[1], grads[0])

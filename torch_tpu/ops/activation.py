@@ -201,7 +201,8 @@ def hardsigmoid_backward(grad, x):
 
 @lowers(aten.hardswish_backward.default, promote=Promote.INT_TO_FLOAT, promote_args=_GRAD_SELF)
 def hardswish_backward(grad, x):
-    return jnp.where(x < -3, jnp.zeros((), grad.dtype), jnp.where(x <= 3, grad * (x / 3 + 0.5), grad))
+    # ATen's corners: 0 at x = -3, the incoming gradient at x = 3
+    return jnp.where(x <= -3, jnp.zeros((), grad.dtype), jnp.where(x < 3, grad * (x / 3 + 0.5), grad))
 
 
 @lowers(aten.softshrink_backward.default, promote=Promote.DEFAULT, promote_args=_GRAD_SELF)
