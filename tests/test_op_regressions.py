@@ -1022,3 +1022,16 @@ def test_hardswish_gradient_at_its_corners(dtype):
         F.hardswish(x).backward(torch.ones(5, dtype=dtype, device=device))
         grads.append(x.grad.cpu())
     assert torch.equal(grads[1], grads[0])
+
+
+@pytest.mark.parametrize("forward", [lambda a: F.elu_(a.clone(), alpha=-2), lambda a: F.celu_(a.clone(), alpha=-2),
+                                     lambda a: F.leaky_relu_(a.clone(), -0.1)], ids=["elu_", "celu_", "leaky_relu_"])
+def test_in_place_activation_with_a_negative_slope_refuses_backward(forward):
+    """Its backward from the result cannot be computed: ATen raises "call out-of-place version" (test_nn)."""
+    messages = []
+    for device in ("cpu", TPU):
+        a = torch.tensor([-1.0, 1.0], device=device, requires_grad=True)
+        with pytest.raises(RuntimeError, match="call out-of-place version") as error:
+            forward(a).backward(torch.ones(2, device=device))
+        messages.append(str(error.value))
+    assert messages[1] == messages[0]

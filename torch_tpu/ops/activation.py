@@ -75,8 +75,20 @@ def leaky_relu(x, negative_slope=0.01):
     return jnp.where(x > 0, x, x * negative_slope)
 
 
-@lowers(aten.leaky_relu_backward.default, promote=Promote.DEFAULT, promote_args=("grad_output", "self"))
+def _leaky_relu_backward_check(grad, x, negative_slope, self_is_result):
+    if self_is_result and negative_slope < 0:
+        raise RuntimeError(
+            "In-place leakyReLu backward calculation is triggered with a negative slope which is not supported. "
+            "This is caused by calling in-place forward function with a negative slope, please call out-of-place "
+            "version instead. File an issue at https://github.com/pytorch/pytorch if you do require supporting "
+            "in-place leakRelu backward calculation with negative slope")
+
+
+# Static scalars (a model's slope is a constant): the in-place check raises when the program is built.
+@lowers(aten.leaky_relu_backward.default, promote=Promote.DEFAULT, promote_args=("grad_output", "self"),
+        static_scalars=True)
 def leaky_relu_backward(grad, x, negative_slope, self_is_result):
+    _leaky_relu_backward_check(grad, x, negative_slope, self_is_result)
     return jnp.where(x > 0, grad, grad * negative_slope)
 
 
@@ -180,8 +192,18 @@ def rrelu_with_noise_functional(x, noise, lower=1 / 8, upper=1 / 3, training=Fal
 _GRAD_SELF = ("grad_output", "self")
 
 
-@lowers(aten.elu_backward.default, promote=Promote.INT_TO_FLOAT, promote_args=("grad_output", "self_or_result"))
+def _elu_backward_check(grad, alpha, scale, input_scale, is_result, x):
+    if is_result and alpha < 0:
+        raise RuntimeError(
+            "In-place elu backward calculation is triggered with a negative slope which is not supported. This is "
+            "caused by calling in-place forward function with a negative slope, please call out-of-place version "
+            "instead.")
+
+
+@lowers(aten.elu_backward.default, promote=Promote.INT_TO_FLOAT, promote_args=("grad_output", "self_or_result"),
+        static_scalars=True)
 def elu_backward(grad, alpha, scale, input_scale, is_result, x):
+    _elu_backward_check(grad, alpha, scale, input_scale, is_result, x)
     if is_result:
         negative = grad * input_scale * (x + alpha * scale)
     else:
