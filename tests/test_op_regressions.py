@@ -1035,3 +1035,29 @@ def test_in_place_activation_with_a_negative_slope_refuses_backward(forward):
             forward(a).backward(torch.ones(2, device=device))
         messages.append(str(error.value))
     assert messages[1] == messages[0]
+
+
+@pytest.mark.parametrize("dtype, expected", [(torch.float32, float("nan")), (torch.int32, 2**31 - 1), (torch.bool, True)])
+def test_deterministic_mode_fills_uninitialized_memory(dtype, expected):
+    """torch.use_deterministic_algorithms(True): empty tensors and the new part of a resize_ hold NaN (integers
+    their max, bool True), as on CPU and CUDA."""
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        made = [torch.empty(4, 3, dtype=dtype, device=TPU), torch.empty_strided((4, 3), (1, 4), dtype=dtype, device=TPU),
+                torch.empty_like(torch.zeros(2, dtype=dtype, device=TPU))]
+        grown = torch.zeros(3, dtype=dtype, device=TPU).resize_(6)
+    finally:
+        torch.use_deterministic_algorithms(previous)
+    for t in made + [grown[3:]]:
+        values = t.cpu()
+        assert (values.isnan() if dtype.is_floating_point else values == expected).all()
+    assert not grown[:3].cpu().any()
+
+
+def test_filling_a_view_whose_every_dim_is_expanded():
+    a = torch.empty_strided((10,), (0,), device=TPU).fill_(3)
+    assert a.cpu().tolist() == [3.0] * 10
+    b = torch.zeros(5, device=TPU)
+    b[2:3].expand(4).fill_(7)
+    assert b.cpu().tolist() == [0, 0, 7, 0, 0]

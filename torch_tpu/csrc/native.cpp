@@ -15,6 +15,7 @@
 #include <ATen/core/CachingHostAllocator.h>
 #include <ATen/SDPBackend.h>
 #include <ATen/native/transformers/attention.h>
+#include <ATen/native/TensorFactories.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -479,20 +480,32 @@ struct TpuHooks final : at::PrivateUse1HooksInterface {
 };
 
 // ---------------------------------------------------------------- factories
+// torch.use_deterministic_algorithms(True) with fill_uninitialized_memory (the default): an empty
+// tensor holds NaN (integers: their max), as on CPU and CUDA; resize_ grows through empty too.
+at::Tensor deterministic_fill(at::Tensor t) {
+  if (C10_UNLIKELY(at::globalContext().deterministicAlgorithms() &&
+                   at::globalContext().deterministicFillUninitializedMemory())) {
+    at::native::fill_empty_deterministic_(t);
+  }
+  return t;
+}
+
 at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<at::ScalarType> dtype,
                                std::optional<at::Layout>, std::optional<Device> device,
                                std::optional<bool>, std::optional<c10::MemoryFormat> memory_format) {
   c10::DeviceGuard guard(device.value_or(Device(kTpu, -1)));
-  return at::detail::empty_generic(size, &g_allocator, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
-                                   dtype.value_or(at::get_default_dtype_as_scalartype()), memory_format);
+  return deterministic_fill(at::detail::empty_generic(size, &g_allocator,
+                                                      c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                                      dtype.value_or(at::get_default_dtype_as_scalartype()),
+                                                      memory_format));
 }
 
 at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::optional<at::ScalarType> dtype,
                          std::optional<at::Layout>, std::optional<Device> device, std::optional<bool>) {
   c10::DeviceGuard guard(device.value_or(Device(kTpu, -1)));
-  return at::detail::empty_strided_generic(size, stride, &g_allocator,
-                                           c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
-                                           dtype.value_or(at::get_default_dtype_as_scalartype()));
+  return deterministic_fill(at::detail::empty_strided_generic(size, stride, &g_allocator,
+                                                              c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                                              dtype.value_or(at::get_default_dtype_as_scalartype())));
 }
 
 // One call instead of six attribute reads: the executor's cache key and

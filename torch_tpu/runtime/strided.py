@@ -202,6 +202,8 @@ def write(buf, value, sizes, strides, offset):
     # in PyTorch; we write element 0 of that dim.
     picked = tuple(slice(None) if (sizes[d] > 1 and strides[d] != 0) else slice(0, 1) for d in range(len(sizes)))
     value = value[picked]
+    if not dims:  # every dim expanded: the view is the one element at `offset`
+        return lax.dynamic_update_slice(buf, value.reshape(-1), (offset,))
     order = [d for d, _, _ in dims]
     value = value.reshape(tuple(sizes[d] for d in sorted(order)))
     # Inverse of read's permutation: from the view's dim order to stride order.
