@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import re
+import warnings
 
 import pytest
 import torch
@@ -1061,3 +1062,39 @@ def test_filling_a_view_whose_every_dim_is_expanded():
     b = torch.zeros(5, device=TPU)
     b[2:3].expand(4).fill_(7)
     assert b.cpu().tolist() == [0, 0, 7, 0, 0]
+
+
+def _overlap_cases(d):
+    x = torch.arange(1.0, device=d).expand(6)
+    y = torch.arange(6.0, device=d)
+    ind = torch.tensor([2, 1, 0], device=d)
+    return {
+        "index_add_ expanded": lambda: x.index_add_(0, ind, torch.ones(3, device=d)),
+        "index_add_ source aliases self": lambda: y.index_add_(0, ind, y[:3]),
+        "index_add_ index aliases self": lambda: ind.index_add_(0, ind, ind.clone()),
+        "index_copy_ source aliases self": lambda: y.index_copy_(0, ind, y[:3]),
+        "index_fill_ index aliases self": lambda: ind.index_fill_(0, ind, 0),
+        "index_put_ values alias self": lambda: y.index_put_((ind,), y[:3]),
+        "add_ partial overlap": lambda: y[1:].add_(y[:-1]),
+        "mul out= partial overlap": lambda: torch.mul(y[:3], 2, out=y[1:4]),
+        "add_ exact alias (accepted)": lambda: y.add_(y),
+        "index_fill_ expanded (warns)": lambda: x.index_fill_(0, ind, 1.0),
+    }
+
+
+@pytest.mark.parametrize("case", sorted(_overlap_cases("cpu")))
+def test_writes_overlapping_their_inputs_raise_or_warn_as_cpu(case):
+    """ATen's memory-overlap checks (test_torch's *_mem_overlap tests): the CPU kernel is asked with the
+    arguments laid out over shared storages as on the device; its error and its expanded-tensor warning."""
+    def call(device):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                _overlap_cases(device)[case]()
+                torch.tpu.synchronize()
+                result = None
+            except RuntimeError as err:
+                result = str(err)
+        return result, [str(w.message) for w in caught if "expanded tensors" in str(w.message)]
+
+    assert call(TPU) == call("cpu")

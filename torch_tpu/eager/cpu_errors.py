@@ -26,7 +26,7 @@ from torch_tpu.runtime.dtypes import cpp_name, scalar_type_name
 FOREIGN = (TypeError, ValueError, IndexError, AssertionError, KeyError, RuntimeError)
 _MAX_ELEMENTS = 1 << 24
 _PYTORCH_NAMESPACES = ("aten", "prims")
-_INTERNAL_OVERLAP = "unsupported operation: more than one element of the written-to tensor refers to a single"
+_OVERLAP = "unsupported operation: "  # ATen's memory-overlap errors (MemoryOverlap.cpp)
 
 
 def as_cpu_error(spec, key, scalars, err: BaseException) -> BaseException:
@@ -87,16 +87,26 @@ def check_out_dtypes(spec, key_args, scalars, result_dtype) -> None:
         raise cpu_err
 
 
-def check_internal_overlap(spec, key_args, scalars) -> None:
-    """Raise PyTorch's error for writing a tensor whose elements share memory (an expanded tensor, a zero
-    stride): most kernels refuse it ("unsupported operation: more than one element of the written-to
-    tensor refers to a single memory location"), some accept it (fill_, masked_fill_, index_put_). The
-    CPU kernel is asked, on zeros with the written tensors' own strides, when one has a zero stride."""
-    if spec.op.namespace not in _PYTORCH_NAMESPACES or not any(
-            _expanded(entry) for i in spec.writes for entry in keys.tensor_entries(spec.kinds[i], key_args[i])):
+def check_memory_overlap(spec, key_args, scalars, slots) -> None:
+    """Raise PyTorch's error for a write into memory the call also reads or writes elsewhere: an expanded
+    tensor (a zero stride: "more than one element of the written-to tensor refers to a single memory
+    location"), or an argument sharing the written tensor's storage ("some elements of the input tensor
+    and the written-to tensor refer to a single memory location"). Kernels differ (fill_, masked_fill_,
+    index_put_ accept an expanded tensor; elementwise ops accept an exact alias), so the CPU kernel is
+    asked, on zeros laid out as the key's tensors over one CPU storage per device storage, when a written
+    tensor is expanded or shares its storage with another argument. Its warnings (index_fill_ on an
+    expanded tensor) are PyTorch's too, and pass through."""
+    if spec.op.namespace not in _PYTORCH_NAMESPACES:
         return
-    cpu_err = _replay(spec, key_args, scalars, strided=True)
-    if cpu_err is not None and _INTERNAL_OVERLAP in str(cpu_err):
+    written = [e for i in spec.writes for e in keys.tensor_entries(spec.kinds[i], key_args[i])]
+    others = [e for i, kind in enumerate(spec.kinds) if i not in spec.writes for e in keys.tensor_entries(kind, key_args[i])]
+    written_slots = [e[5] for e in written if e[0] == keys.TENSOR]
+    shared = len(set(written_slots)) < len(written_slots) or any(
+        e[0] == keys.TENSOR and e[5] in written_slots for e in others)
+    if not shared and not any(_expanded(e) for e in written if e[0] == keys.TENSOR):
+        return
+    cpu_err = _replay(spec, key_args, scalars, slots=slots)
+    if cpu_err is not None and _OVERLAP in str(cpu_err):
         raise cpu_err
 
 
@@ -122,21 +132,26 @@ def _is_dtype_error(err: BaseException) -> bool:
             and "not implemented for" not in text and "Unsupported dtype" not in text)
 
 
-def _replay(spec, key_args, scalars, strided: bool = False) -> BaseException | None:
-    """The exception PyTorch's CPU kernel raises for these arguments on zeros (contiguous, or `strided` as
-    the key's tensors), or None (it accepts them, or they cannot be replayed: too big, not rebuildable)."""
+def _replay(spec, key_args, scalars, slots=None) -> BaseException | None:
+    """The exception PyTorch's CPU kernel raises for these arguments on zeros, or None (it accepts them, or
+    they cannot be replayed: too big, not rebuildable). Each tensor is contiguous, or, given the key's
+    `slots`, a view with the key's strides and offset of one CPU storage per slot (aliasing as on device)."""
     too_big = []
+    storages = {}
 
     def tensor(entry, offset):
         sizes, strides = entry[2], entry[3]
-        extent = 1 + sum((size - 1) * abs(stride) for size, stride in zip(sizes, strides)) if strided else 0
-        if math.prod(sizes) > _MAX_ELEMENTS or extent > _MAX_ELEMENTS:
+        nbytes = slots[entry[5]][1] if slots is not None else 0
+        if math.prod(sizes) > _MAX_ELEMENTS or nbytes > _MAX_ELEMENTS * 8:
             too_big.append(entry)
         if too_big:
             return torch.zeros((), dtype=entry[1])
-        if strided and 0 not in sizes:
-            return torch.zeros(extent, dtype=entry[1]).as_strided(sizes, strides)
-        return torch.zeros(sizes, dtype=entry[1])
+        if slots is None:
+            return torch.zeros(sizes, dtype=entry[1])
+        storage = storages.get(entry[5])
+        if storage is None:
+            storage = storages[entry[5]] = torch.zeros(nbytes, dtype=torch.uint8).untyped_storage()
+        return torch.empty(0, dtype=entry[1]).set_(storage, offset, sizes, strides)
 
     try:
         args, _ = keys.rebuild(spec, key_args, [_host(s) for s in scalars], tensor, lambda v, t: v,
@@ -147,18 +162,23 @@ def _replay(spec, key_args, scalars, strided: bool = False) -> BaseException | N
         return None
     if "device" in spec.index:
         args[spec.index["device"]] = torch.device("cpu")
-    return _error_of(lambda: spec.call(args))
+    return _error_of(lambda: spec.call(args), keep_warnings=slots is not None)
 
 
-def _error_of(call) -> BaseException | None:
-    """The exception a CPU call raises (its warnings silenced: only its error is asked for), or None."""
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+def _error_of(call, keep_warnings: bool = False) -> BaseException | None:
+    """The exception a CPU call raises, or None. Its warnings are silenced, but with `keep_warnings` (the
+    memory-overlap replay) those about expanded tensors pass on: only that replay reproduces them."""
+    error = None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
             call()
-    except Exception as cpu_err:  # noqa: BLE001  (PyTorch's own error)
-        return cpu_err.with_traceback(None)  # raised at the user's call, not inside this replay
-    return None
+        except Exception as cpu_err:  # noqa: BLE001  (PyTorch's own error)
+            error = cpu_err.with_traceback(None)  # raised at the user's call, not inside this replay
+    for w in caught if keep_warnings else ():
+        if "expanded tensors" in str(w.message):
+            warnings.warn(w.message, stacklevel=5)
+    return error
 
 
 def _host(value):
