@@ -1098,3 +1098,28 @@ def test_writes_overlapping_their_inputs_raise_or_warn_as_cpu(case):
         return result, [str(w.message) for w in caught if "expanded tensors" in str(w.message)]
 
     assert call(TPU) == call("cpu")
+
+
+_FOREACH_REFUSALS = {
+    "_foreach_add_ complex scalar": lambda d: torch._foreach_add_([torch.ones(3, device=d)], 0.3 + 0.2j),
+    "_foreach_mul_ float on long": lambda d: torch._foreach_mul_([torch.ones(3, dtype=torch.int64, device=d)], 1.5),
+    "_foreach_mul_ int on bool": lambda d: torch._foreach_mul_([torch.ones(3, dtype=torch.bool, device=d)], 2),
+    "_foreach_sub bool scalar": lambda d: torch._foreach_sub([torch.ones(3, device=d)], True),
+    "_foreach_sub_ bool scalar list": lambda d: torch._foreach_sub_([torch.ones(3, device=d)], [True]),
+    "addcmul complex value": lambda d: torch.addcmul(*[torch.ones(3, device=d)] * 3, value=0.3 + 0.2j),
+    "addcdiv bf16 complex value": lambda d: torch.addcdiv(*[torch.ones(3, dtype=torch.bfloat16, device=d)] * 3, value=1j),
+    "lerp complex weight": lambda d: torch.lerp(torch.ones(3, device=d), torch.ones(3, device=d), 0.3 + 0.2j),
+    "_foreach_addcmul_ complex value": lambda d: torch._foreach_addcmul_(*[[torch.ones(3, device=d)]] * 3, value=1j),
+    "_foreach_lerp complex weight": lambda d: torch._foreach_lerp([torch.ones(3, device=d)], [torch.ones(3, device=d)], 1j),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_FOREACH_REFUSALS))
+def test_foreach_and_scalar_value_refusals_as_cpu(case):
+    """test_foreach's checks: a foreach op is checked as its op, element by element (sub of a bool, an in-place
+    result that cannot be cast back), and a complex value/weight of a real addcmul/addcdiv/lerp is refused."""
+    with pytest.raises(RuntimeError) as cpu_error:
+        _FOREACH_REFUSALS[case]("cpu")
+    with pytest.raises(RuntimeError) as tpu_error:
+        _FOREACH_REFUSALS[case](TPU)
+    assert str(tpu_error.value) == str(cpu_error.value)

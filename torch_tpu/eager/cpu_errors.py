@@ -205,8 +205,27 @@ def check_arguments(spec, meta_args) -> None:
     skip, at build time: alpha_check (BinaryOps.h) for add/sub/rsub (a float alpha with a bool
     tensor, a bool alpha with a non-bool result), sub_check (a bool operand), heaviside's same-dtype
     check, relu of bool, frexp's int32 exponent out=, the 64-dim limit of argmax/argmin/max/min
-    over a dim, searchsorted/bucketize's out= dtype; and their non-contiguous operand warning."""
+    over a dim, searchsorted/bucketize's out= dtype, a complex value/weight of real addcmul/addcdiv/
+    lerp; and their non-contiguous operand warning. A `_foreach_X` op is checked as X, element by element."""
     base = spec.name.split(".")[1].rstrip("_")
+    if base.startswith("_foreach_") and meta_args and isinstance(meta_args[0], (list, tuple)):
+        for i in range(len(meta_args[0])):
+            _check_call(spec, base[len("_foreach_"):], [a[i] if isinstance(a, (list, tuple)) else a for a in meta_args])
+        return
+    _check_call(spec, base, meta_args)
+
+
+_OPMATH_SCALARS = frozenset(("addcmul", "addcdiv", "lerp"))
+
+
+def _check_call(spec, base: str, meta_args) -> None:
+    if base in _OPMATH_SCALARS:
+        name = "value" if "value" in spec.index else "weight"
+        scalar = _host(meta_args[spec.index[name]]) if name in spec.index else None
+        dtype = meta_args[0].dtype
+        if isinstance(scalar, complex) and dtype.is_floating_point:  # ATen converts it to the opmath type
+            raise RuntimeError(f"value cannot be converted to type {'double' if dtype == torch.float64 else 'float'} "
+                               "without overflow")
     if base in _SUB_OPS and len(meta_args) > 1:
         a, b = _host(meta_args[0]), _host(meta_args[1])
         if _is_bool(a) and _is_bool(b):

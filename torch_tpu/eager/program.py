@@ -438,11 +438,14 @@ def _make_trace(spec, lowering, key_args, slots, slot_dtypes, passed, input_slot
             ]
             for arg_index, value in zip(writes, results[n_fresh:]):
                 entry = key_args[arg_index]
+                in_place_list = spec.kinds[arg_index] not in _TENSOR_KINDS and not spec.is_out
                 targets = [(0, entry)] if spec.kinds[arg_index] in _TENSOR_KINDS else list(enumerate(entry))
                 values = value if isinstance(value, (list, tuple)) else [value]
                 for (j, target), v in zip(targets, values):
                     if target is None:
                         continue
+                    if in_place_list:  # _foreach_X_(list, ...): X_'s rule, each result castable to its tensor
+                        cpu_errors.check_cast(dtypes.to_torch(jnp.result_type(v)), target[1])
                     if jax_rounded is not None and jnp.issubdtype(jnp.result_type(v), jnp.inexact):
                         v = jnp.asarray(v).astype(jax_rounded)
                     _, dtype, sizes, strides, _, slot = target
