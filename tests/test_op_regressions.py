@@ -829,14 +829,21 @@ def test_random_warns_about_bounds_past_the_dtypes_exact_integers_as_cpu():
                                 lambda d: torch.rand(3, dtype=torch.bool, device=d),
                                 lambda d: torch.empty(3, dtype=torch.int32, device=d).uniform_(),
                                 lambda d: torch.randn(3, dtype=torch.int64, device=d),
-                                lambda d: torch.randperm(3, dtype=torch.bool, device=d)],
-                         ids=["rand int64", "rand bool", "uniform_ int32", "randn int64", "randperm bool"])
+                                lambda d: torch.randperm(3, dtype=torch.bool, device=d),
+                                lambda d: torch.empty(0, dtype=torch.int64, device=d).uniform_()],
+                         ids=["rand int64", "rand bool", "uniform_ int32", "randn int64", "randperm bool", "uniform_ empty"])
 def test_uniform_and_normal_of_an_integer_dtype_raise_as_cpu(fn):
     with pytest.raises(NotImplementedError) as cpu_error:
         fn("cpu")
     with pytest.raises(NotImplementedError) as tpu_error:
         fn(TPU)
     assert str(tpu_error.value).replace("_tpu", "_cpu") == str(cpu_error.value)  # the kernel's name may differ
+
+
+def test_randn_of_an_empty_integer_tensor_is_empty():
+    """normal_ returns an empty tensor before its dtype dispatch (test_foreach's empty samples)."""
+    assert torch.randn(0, dtype=torch.int64, device=TPU).shape == (0,)
+    assert torch.empty(0, 2, dtype=torch.int32, device=TPU).normal_().dtype == torch.int32
 
 
 def test_uniform_of_double_draws_in_double():

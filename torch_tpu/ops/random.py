@@ -23,10 +23,16 @@ def _draw_dtype(dtype):
     return jnp.float64 if dtype in (jnp.float64, jnp.complex128) else jnp.float32
 
 
-def _floating_only(dtype, kernel: str) -> None:
-    """ATen's dispatch of uniform_/normal_ over floating (and complex) types only."""
-    if not jnp.issubdtype(dtype, jnp.inexact):
-        raise dtypes.not_implemented(kernel, dtypes.to_torch(dtype))
+def _floating_only(x, kernel: str, empty_returns_first: bool = False) -> None:
+    """ATen's dispatch of uniform_/normal_ over floating (and complex) types only (normal_ returns an empty
+    tensor before it)."""
+    if not jnp.issubdtype(x.dtype, jnp.inexact) and not (empty_returns_first and x.size == 0):
+        raise dtypes.not_implemented(kernel, dtypes.to_torch(x.dtype))
+
+
+def _normal_meta(x, mean=0.0, std=1.0, generator=None):
+    """normal_'s output (PyTorch's reference meta kernel refuses an integer dtype even for an empty tensor)."""
+    return x if x.numel() == 0 else aten.normal_.default(x, mean, std, generator=generator)
 
 
 def _std_tensor(std):
@@ -81,7 +87,7 @@ def _bernoulli_host_check(x, p=0.5, generator=None):
 
 @lowers(aten.uniform.default, rng=True, host_check=_uniform_host_check, runtime=("from", "to"))
 def uniform(x, low=0.0, high=1.0, generator=None, *, key):
-    _floating_only(x.dtype, "check_uniform_bounds")
+    _floating_only(x, "check_uniform_bounds")
     if _concrete(low, high):
         _check_uniform(dtypes.to_torch(x.dtype), low, high)
     draw = _draw_dtype(x.dtype)
@@ -91,9 +97,9 @@ def uniform(x, low=0.0, high=1.0, generator=None, *, key):
     return jax.random.uniform(key, x.shape, dtype=draw, minval=low, maxval=high).astype(x.dtype)
 
 
-@lowers(aten.normal_.default, rng=True, host_check=_normal_host_check, runtime=("mean", "std"))
+@lowers(aten.normal_.default, rng=True, host_check=_normal_host_check, runtime=("mean", "std"), meta=_normal_meta)
 def normal_(x, mean=0.0, std=1.0, generator=None, *, key):
-    _floating_only(x.dtype, "normal_kernel_tpu")
+    _floating_only(x, "normal_kernel_tpu", empty_returns_first=True)
     _check_std(std)
     draw = _draw_dtype(x.dtype)
     if jnp.issubdtype(x.dtype, jnp.complexfloating):  # ATen: both parts normal(mean, std / sqrt(2))
