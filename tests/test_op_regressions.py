@@ -1130,3 +1130,24 @@ def test_foreach_and_scalar_value_refusals_as_cpu(case):
     with pytest.raises(RuntimeError) as tpu_error:
         _FOREACH_REFUSALS[case](TPU)
     assert str(tpu_error.value) == str(cpu_error.value)
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int64, torch.bool])
+@pytest.mark.parametrize("mode, nd, antialias", [("nearest", 2, False), ("nearest", 3, False), ("linear", 1, False),
+                                                 ("bilinear", 2, False), ("bicubic", 2, False), ("bilinear", 2, True),
+                                                 ("trilinear", 3, False)])
+def test_interpolate_of_integer_images(dtype, mode, nd, antialias):
+    """uint8 images: nearest, and bilinear/bicubic in 2-d, computed in float and rounded back (within 1 of
+    CPU); the other modes and integer dtypes raise ATen's dispatch error (test_nn's upsampling tests)."""
+    def call(device):
+        x = (torch.arange(5**nd).reshape((1, 1) + (5,) * nd) * 37 % 251).to(dtype).to(device)
+        try:
+            return F.interpolate(x, size=(3,) * nd, mode=mode, antialias=antialias).cpu()
+        except NotImplementedError as err:
+            return str(err)
+
+    expected, got = call("cpu"), call(TPU)
+    if isinstance(expected, str):
+        assert got == expected
+    else:
+        assert got.dtype == expected.dtype and (got.int() - expected.int()).abs().max() <= 1

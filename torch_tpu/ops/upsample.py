@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from torch_tpu.ops.registry import aten, register
+from torch_tpu.runtime import dtypes
 
 _CUBIC_A = -0.75  # PyTorch's bicubic (as OpenCV); the antialiased filter uses Keys' -0.5
 
@@ -122,8 +123,25 @@ def _interpolate(x, taps, acc):
 
 
 def _dtypes(x):
-    acc = jnp.float32 if x.dtype in (jnp.bfloat16, jnp.float16) else x.dtype
+    acc = x.dtype if x.dtype in (jnp.float32, jnp.float64) else jnp.float32
     return acc, (np.float64 if acc == jnp.float64 else np.float32)
+
+
+# ATen's CPU kernels: floating types, and uint8 (images) for nearest and the 2-d bilinear/bicubic modes,
+# computed in float and rounded back into [0, 255]. Other dtypes raise its dispatch error.
+_KERNEL_NAMES = {"nearest": "compute_indices_weights_nearest", "nearest-exact": "compute_indices_weights_nearest",
+                 "linear": "compute_indices_weights_linear", "cubic": "compute_indices_weights_cubic",
+                 "aa-linear": "compute_index_ranges_weights", "aa-cubic": "compute_index_ranges_weights"}
+
+
+def _check_dtype(mode, nd, dtype):
+    if jnp.issubdtype(dtype, jnp.floating):
+        return
+    if dtype == jnp.uint8 and (mode in ("nearest", "nearest-exact") or nd == 2):
+        return
+    name = {"nearest": "upsample_nearest2d_channels_last", "nearest-exact": "upsample_nearest2d_channels_last",
+            "linear": "upsample_bilinear2d_channels_last"}.get(mode) if nd == 2 else None
+    raise dtypes.not_implemented(name or _KERNEL_NAMES[mode], dtypes.to_torch(dtype))
 
 
 def _taps_for(mode, sizes_in, sizes_out, align_corners, scales, dt):
@@ -141,9 +159,13 @@ def _taps_for(mode, sizes_in, sizes_out, align_corners, scales, dt):
 
 
 def _forward(mode, nd, x, output_size, align_corners, scales):
+    _check_dtype(mode, nd, x.dtype)
     acc, dt = _dtypes(x)
     taps = _taps_for(mode, x.shape[x.ndim - nd:], tuple(output_size), align_corners, scales, dt)
-    return _interpolate(x, taps, acc)
+    out = _interpolate(x, taps, acc)
+    if x.dtype == jnp.uint8 and out.dtype != jnp.uint8:  # a weighted mode: round to the nearest byte
+        return jnp.clip(jnp.round(out), 0, 255).astype(jnp.uint8)
+    return out
 
 
 def _backward(mode, nd, grad, output_size, input_size, align_corners, scales):
