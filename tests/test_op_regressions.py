@@ -1033,7 +1033,8 @@ def test_hardswish_gradient_at_its_corners(dtype):
 
 
 @pytest.mark.parametrize("forward", [lambda a: F.elu_(a.clone(), alpha=-2), lambda a: F.celu_(a.clone(), alpha=-2),
-                                     lambda a: F.leaky_relu_(a.clone(), -0.1)], ids=["elu_", "celu_", "leaky_relu_"])
+                                     lambda a: F.leaky_relu_(a.clone(), -0.1), lambda a: F.rrelu_(a.clone(), -5.0, 1.0)],
+                         ids=["elu_", "celu_", "leaky_relu_", "rrelu_"])
 def test_in_place_activation_with_a_negative_slope_refuses_backward(forward):
     """Its backward from the result cannot be computed: ATen raises "call out-of-place version" (test_nn)."""
     messages = []

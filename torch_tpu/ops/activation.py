@@ -258,5 +258,6 @@ def prelu_kernel_backward(grad, x, weight):
 def rrelu_with_noise_backward(grad, x, noise, lower, upper, training, self_is_result):
     if training and upper - lower > 1e-6:
         return grad * noise
-    slope = (lower + upper) / 2
+    slope = (lower + upper) / 2  # ATen: leaky_relu_backward with that slope
+    _leaky_relu_backward_check(grad, x, slope, self_is_result)
     return jnp.where(x > 0, grad, grad * slope)
