@@ -1152,3 +1152,9 @@ def test_interpolate_of_integer_images(dtype, mode, nd, antialias):
         assert got == expected
     else:
         assert got.dtype == expected.dtype and (got.int() - expected.int()).abs().max() <= 1
+
+
+def test_gather_of_a_one_element_vector_by_a_0d_index():
+    """ATen reads the element and returns a 0-d tensor (test_torch's test_scalar_check)."""
+    got = torch.gather(torch.tensor([5.0], device=TPU), 0, torch.zeros((), dtype=torch.int64, device=TPU))
+    assert got.shape == () and got.item() == 5.0

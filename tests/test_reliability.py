@@ -81,6 +81,8 @@ CASES = {
     "index_add": lambda d: torch.zeros(3, device=d).index_add_(0, _t([3], d), torch.ones(1, device=d)),
     "one_hot": lambda d: F.one_hot(_t([0, 5], d), 3),
     "one_hot_negative": lambda d: F.one_hot(_t([[0], [-1]], d), 3),
+    "masked_scatter": lambda d: torch.zeros(4, device=d).masked_scatter_(_t([True, False, True, True], d),
+                                                                         torch.ones(2, device=d)),
 }
 
 

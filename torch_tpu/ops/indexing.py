@@ -73,6 +73,7 @@ def unsafe_index_put(x, indices, values, accumulate=False):
 
 
 @lowers(aten.masked_scatter.default)
+@checked
 def masked_scatter(x, mask, source):
     """Masked positions of x take source's elements in order (no size needed: a running count).
 
@@ -84,6 +85,7 @@ def masked_scatter(x, mask, source):
     x = jnp.broadcast_to(x, shape)
     flat_mask = jnp.broadcast_to(mask, shape).reshape(-1)
     src = source.reshape(-1)
+    checks.require(jnp.sum(flat_mask, dtype=jnp.int64) <= src.shape[0], checks.MASKED_SCATTER_SOURCE)
     if src.shape[0] == 0:
         return x
     position = jnp.clip(jnp.cumsum(flat_mask.astype(jnp.int64)) - 1, 0, src.shape[0] - 1)
@@ -136,6 +138,8 @@ def gather(x, dim, index, sparse_grad=False):
     _check_dim_index(x, dim, index)
     if x.ndim == 0:
         return jnp.broadcast_to(x, index.shape)
+    if index.ndim == 0:  # a 0-d index of a 1-element 1-d input: ATen reads that element
+        return x.reshape(-1)[index]
     dim = dim % x.ndim
     return x[_full_index(index, dim)]
 
