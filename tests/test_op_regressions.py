@@ -1158,3 +1158,16 @@ def test_gather_of_a_one_element_vector_by_a_0d_index():
     """ATen reads the element and returns a 0-d tensor (test_torch's test_scalar_check)."""
     got = torch.gather(torch.tensor([5.0], device=TPU), 0, torch.zeros((), dtype=torch.int64, device=TPU))
     assert got.shape == () and got.item() == 5.0
+
+
+def test_deterministic_mode_does_not_raise_cudas_alerts_for_tpu():
+    """PyTorch's meta kernels of histc and median(dim) alert for CUDA, and take a meta tensor for a CUDA one."""
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        x = torch.arange(6.0, device=TPU)
+        assert torch.histc(x, bins=3).cpu().tolist() == [2.0, 2.0, 2.0]
+        assert torch.median(x.reshape(2, 3), 0).indices.cpu().tolist() == [0, 0, 0]
+        assert torch.are_deterministic_algorithms_enabled()
+    finally:
+        torch.use_deterministic_algorithms(previous)

@@ -23,6 +23,7 @@ defer-and-fuse executor traces many of them into one program.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import warnings
 
@@ -306,11 +307,31 @@ def _number_as_tensor(value, tensor):
     return torch.empty((), dtype=torch.result_type(tensor, value), device="meta")
 
 
+# Meta kernels whose deterministic-mode alert is CUDA's: PyTorch takes a meta tensor for a CUDA one
+# (torch/_meta_registrations.py device_hint), so under torch.use_deterministic_algorithms(True) they
+# raised "median CUDA with indices output does not have a deterministic implementation" for tpu.
+_CUDA_ALERTS = frozenset(("median", "nanmedian", "mode", "histc"))
+
+
+@contextlib.contextmanager
+def _no_cuda_alerts(spec: OpSpec):
+    if spec.name.split(".")[1] not in _CUDA_ALERTS or not torch.are_deterministic_algorithms_enabled():
+        yield
+        return
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(False)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(True, warn_only=warn_only)
+
+
 def _meta_outputs(spec: OpSpec, meta_args, key_args, meta=None):
     """(OutputMeta per fresh result or None if meta is unsupported, list-return counts, out= resizes, non-tensor returns)."""
     try:
         try:
-            with warnings.catch_warnings():  # an out= resize warns once, from the launch (executor._resize_out)
+            with warnings.catch_warnings(), _no_cuda_alerts(spec):
+                # an out= resize warns once, from the launch (executor._resize_out)
                 warnings.filterwarnings("ignore", message="An output with one or more elements was resized")
                 result = spec.call(meta_args) if meta is None else meta(*meta_args)
         except RuntimeError as err:
