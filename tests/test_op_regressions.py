@@ -1171,3 +1171,10 @@ def test_deterministic_mode_does_not_raise_cudas_alerts_for_tpu():
         assert torch.are_deterministic_algorithms_enabled()
     finally:
         torch.use_deterministic_algorithms(previous)
+
+
+def test_is_set_to_compares_the_tensors_not_copies():
+    a = torch.arange(6.0, device=TPU)
+    b = torch.empty(0, device=TPU).set_(a.untyped_storage(), 0, (6,), (1,))
+    assert a.is_set_to(b) and b.is_set_to(a)
+    assert not a.is_set_to(a.clone()) and not a.is_set_to(a[1:])

@@ -108,6 +108,7 @@ def kernels() -> dict:
             aten.set_.source_Storage_storage_offset.redispatch(_CPU, t, s, o, size, stride)
         ),
         aten.set_.source_Tensor: lambda t, s: aten.set_.source_Tensor.redispatch(_CPU, t, s),
+        aten.is_set_to.default: lambda t, s: aten.is_set_to.default.redispatch(_CPU, t, s),  # metadata only
         aten.set_.source_Tensor_storage_offset: lambda t, s, o, size, stride=(): (
             aten.set_.source_Tensor_storage_offset.redispatch(_CPU, t, s, o, size, stride)
         ),
