@@ -1178,3 +1178,10 @@ def test_is_set_to_compares_the_tensors_not_copies():
     b = torch.empty(0, device=TPU).set_(a.untyped_storage(), 0, (6,), (1,))
     assert a.is_set_to(b) and b.is_set_to(a)
     assert not a.is_set_to(a.clone()) and not a.is_set_to(a[1:])
+
+
+def test_grid_sample_of_an_integer_image_raises():
+    """ATen's grid samplers dispatch floating types only (tpu returned a float32 result for uint8)."""
+    x = torch.zeros((1, 1, 4, 4), dtype=torch.uint8, device=TPU)
+    with pytest.raises(NotImplementedError, match="not implemented for 'Byte'"):
+        F.grid_sample(x, torch.zeros((1, 3, 3, 2), device=TPU), align_corners=False)

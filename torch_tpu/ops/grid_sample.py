@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from torch_tpu.ops.registry import aten, lowers
+from torch_tpu.runtime import dtypes
 
 _BILINEAR, _NEAREST, _BICUBIC = 0, 1, 2
 _ZEROS, _BORDER, _REFLECTION = 0, 1, 2
@@ -109,6 +110,8 @@ def _acc(x):
 
 @lowers(aten.grid_sampler_2d.default, aten.grid_sampler_3d.default)
 def grid_sampler(x, grid, interpolation_mode, padding_mode, align_corners):
+    if not jnp.issubdtype(x.dtype, jnp.floating):  # ATen's kernels dispatch floating types only
+        raise dtypes.not_implemented(f"grid_sampler_{x.ndim - 2}d_tpu", dtypes.to_torch(x.dtype))
     acc = _acc(x)
     return _grid_sample(x.astype(acc), grid.astype(acc), interpolation_mode, padding_mode, align_corners)
 
