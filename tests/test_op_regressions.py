@@ -1185,3 +1185,19 @@ def test_grid_sample_of_an_integer_image_raises():
     x = torch.zeros((1, 1, 4, 4), dtype=torch.uint8, device=TPU)
     with pytest.raises(NotImplementedError, match="not implemented for 'Byte'"):
         F.grid_sample(x, torch.zeros((1, 3, 3, 2), device=TPU), align_corners=False)
+
+
+def test_a_resized_out_takes_the_results_strides():
+    """ATen's structured kernels restride a resized out= as their result: an elementwise op of permuted or
+    channels-last inputs fills a permuted out (test_torch's test_strides_propagation)."""
+    for make in (lambda d: torch.arange(24.0, device=d).reshape(2, 3, 4).permute(2, 0, 1),
+                 lambda d: torch.arange(120.0, device=d).reshape(2, 3, 4, 5).to(memory_format=torch.channels_last)):
+        strides = []
+        for device in ("cpu", TPU):
+            x = make(device)
+            for op in (torch.add, torch.eq):
+                out = torch.empty(0, dtype=op(x, x).dtype, device=device)
+                op(x, x, out=out)
+                strides.append(out.stride())
+                assert torch.equal(out.cpu(), op(x, x).cpu())
+        assert strides[2:] == strides[:2]

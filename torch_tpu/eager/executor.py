@@ -32,7 +32,7 @@ from torch_tpu.eager import opspec
 from torch_tpu.eager import valuecheck as _valuecheck
 from torch_tpu.eager.opspec import Arg, OpSpec
 from torch_tpu.ops.registry import Lowering
-from torch_tpu.runtime import platform, storage
+from torch_tpu.runtime import platform, storage, strided
 from torch_tpu.runtime.errors import translate_runtime_error
 
 _signature_of = _native.tensor_signature
@@ -194,8 +194,8 @@ def resize_and_rerun(spec: OpSpec, lowering: Lowering, via_functional: bool, ful
     if lowering.rng:
         generator = generator if generator is not None else _native.default_generator(device)
         generator.set_offset(generator.get_offset() - 1)
-    for index, sizes in prog.resize.items():
-        _resize_out(full[index], sizes, spec)
+    for index, (sizes, strides) in prog.resize.items():
+        _resize_out(full[index], sizes, strides, spec)
     return execute(spec, lowering, via_functional, *full)
 
 
@@ -361,7 +361,7 @@ def _device_scalars(scalars: list, device: int) -> list:
 _returns = program_mod.returns  # shared with the torch.compile backend (compile/graph.py)
 
 
-def _resize_out(t: torch.Tensor, sizes, spec: OpSpec) -> None:
+def _resize_out(t: torch.Tensor, sizes, strides, spec: OpSpec) -> None:
     if t.numel() != 0 and spec.name not in opspec.RESIZED_ONLY_TO_ANOTHER_NUMEL:
         import warnings
 
@@ -374,6 +374,8 @@ def _resize_out(t: torch.Tensor, sizes, spec: OpSpec) -> None:
             stacklevel=4,
         )
     t.resize_(sizes)
+    if strides is not None and tuple(t.stride()) != tuple(strides) and strided.dense_permutation(sizes, strides):
+        t.as_strided_(sizes, strides)  # a dense permutation: the same elements resize_ allocated
 
 
 update_fast_path()

@@ -40,7 +40,7 @@ from torch_tpu.eager.keys import (  # the tags also as program_mod.* (executor.p
     CPU_SCALAR, DYNAMIC, SCALAR, SCALAR_LIST, TENSOR, tensor_entries,
 )
 from torch_tpu.eager.keys import TENSOR_KINDS as _TENSOR_KINDS, rebuild as _rebuild
-from torch_tpu.eager.opspec import RESIZED_ONLY_TO_ANOTHER_NUMEL, Arg, OpSpec, computes_in_out_dtype
+from torch_tpu.eager.opspec import RESIZED_ONLY_TO_ANOTHER_NUMEL, Arg, OpSpec, computes_in_out_dtype, functional_counterpart
 from torch_tpu.ops import checks
 from torch_tpu.ops.registry import Lowering
 from torch_tpu.runtime import dtypes, strided
@@ -81,7 +81,7 @@ class OpProgram:
         self.input_slots = input_slots  # slots passed in (never-written slots read as zeros)
         self.updated_slots = updated_slots  # slots whose buffers the program rewrites
         self.slot_dtypes = slot_dtypes  # torch dtype of each slot's buffer elements
-        self.resize = resize  # {arg index: sizes}: out= arguments to resize before running
+        self.resize = resize  # {arg index: (sizes, strides or None)}: out= arguments to resize before running
         self.trace = trace
         self.executable = None
         self.device = device
@@ -210,7 +210,7 @@ def _build(key, spec: OpSpec, lowering: Lowering, scalars: list, via_functional:
         outputs, return_counts, written = _probe_outputs(spec, lowering, key_args, slots, slot_dtypes, passed,
                                                          input_slots, updated_slots, compute_dtype, scalars)
         if spec.is_out:  # out= arguments take the probed shapes (resized like PyTorch's out= ops)
-            resize = {i: shape for i, shape in zip(spec.writes, written)
+            resize = {i: (shape, None) for i, shape in zip(spec.writes, written)
                       if spec.kinds[i] in _TENSOR_KINDS and key_args[i] is not None and key_args[i][2] != shape}
             if resize:
                 return OpProgram(key, spec, outputs, return_counts, input_slots, updated_slots, slot_dtypes, resize,
@@ -369,7 +369,33 @@ def _meta_outputs(spec: OpSpec, meta_args, key_args, meta=None):
                 raise RuntimeError(f"output with shape {list(entry[2])} doesn't match the broadcast shape "
                                    f"{list(meta_args[i].shape)}")
             resize[i] = tuple(meta_args[i].shape)
+    if resize:
+        resize = _with_result_strides(spec, meta_args, resize)
     return outputs, counts, resize, values
+
+
+def _with_result_strides(spec: OpSpec, meta_args, resize: dict) -> dict:
+    """{out= index: (sizes, strides)}: a resized out= takes the strides of the op's result, as ATen's
+    structured kernels restride it (an elementwise op of permuted inputs gives a permuted out); the
+    reference meta kernels resize it contiguous. The strides come from the functional op's meta run
+    (None: contiguous)."""
+    functional = functional_counterpart(spec.op)
+    strides = {}
+    if functional is not None:
+        names = [a.name for a in functional._schema.arguments]
+        kwargs = {name: meta_args[spec.index[name]] for name in names if name in spec.index}
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                result = functional(**kwargs)
+            results = result if isinstance(result, (tuple, list)) else (result,)
+            written = [i for i in spec.writes if spec.kinds[i] in _TENSOR_KINDS]
+            for i, r in zip(written, results):
+                if isinstance(r, torch.Tensor) and tuple(r.shape) == resize.get(i):
+                    strides[i] = tuple(r.stride())
+        except Exception:  # noqa: BLE001  (no strides to follow: contiguous)
+            pass
+    return {i: (sizes, strides.get(i)) for i, sizes in resize.items()}
 
 
 def _probe_outputs(spec, lowering, key_args, slots, slot_dtypes, passed, input_slots, updated_slots, compute_dtype,
