@@ -1201,3 +1201,34 @@ def test_a_resized_out_takes_the_results_strides():
                 strides.append(out.stride())
                 assert torch.equal(out.cpu(), op(x, x).cpu())
         assert strides[2:] == strides[:2]
+
+
+@pytest.mark.parametrize("nd", [2, 3])
+def test_fractional_max_pool_reads_the_first_batches_of_its_samples(nd):
+    """_random_samples with more batches than the input (test_modules' FractionalMaxPool3d): ATen reads the first N."""
+    torch.manual_seed(0)
+    samples, x = torch.rand(2, 4, nd), torch.randn((4,) + (5,) * nd)
+    pool = torch.nn.FractionalMaxPool2d if nd == 2 else torch.nn.FractionalMaxPool3d
+    expected = pool(2, output_ratio=0.5, _random_samples=samples)(x)
+    got = pool(2, output_ratio=0.5, _random_samples=samples.to(TPU))(x.to(TPU))
+    assert torch.equal(got.cpu(), expected)
+
+
+def test_nll_loss_weight_of_another_dtype_raises():
+    messages = []
+    for device in ("cpu", TPU):
+        x = torch.zeros(4, 3, device=device)
+        with pytest.raises(RuntimeError) as error:
+            F.nll_loss(x, torch.zeros(4, dtype=torch.long, device=device), weight=torch.ones(3, dtype=torch.float16, device=device))
+        messages.append(str(error.value))
+    assert messages[1] == messages[0] == "expected scalar type Float but found Half"
+
+
+@pytest.mark.parametrize("shape", [(10,), (3, 10)])
+def test_multilabel_margin_loss_unreduced_shape(shape):
+    """A 1-D input's unreduced loss is 0-d, as ATen's kernel (PyTorch's meta kernel says [1])."""
+    x, t = torch.linspace(-1, 1, math.prod(shape)).reshape(shape), (torch.arange(math.prod(shape)) % 4).reshape(shape)
+    expected = F.multilabel_margin_loss(x, t, reduction="none")
+    got = F.multilabel_margin_loss(x.to(TPU), t.to(TPU), reduction="none")
+    assert got.shape == expected.shape
+    torch.testing.assert_close(got.cpu(), expected)

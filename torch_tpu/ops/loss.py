@@ -49,11 +49,14 @@ def _nll_weights(x, target, weight, ignore_index, class_dim):
 def _nll_target_meta(op, byte: bool, at: int = 1):
     """ATen's target dtype rule (its structured meta function, on every device): Long, or Byte for the
     1-D/2-D kernels, which PyTorch's reference meta kernel refuses (its gather wants int64) and whose Int
-    it accepts."""
+    it accepts; and a weight of the input's dtype."""
     import torch
 
     def meta(*args):
-        target = args[at]
+        x, target, weight = args[at - 1], args[at], args[at + 1]
+        if weight is not None and weight.dtype != x.dtype:  # the reference casts it
+            raise RuntimeError(f"expected scalar type {dtypes.scalar_type_name(x.dtype)} but found "
+                               f"{dtypes.scalar_type_name(weight.dtype)}")
         if target.dtype not in (torch.int64, torch.uint8):
             raise RuntimeError(f"expected target dtype to be Long or Byte, but got {dtypes.scalar_type_name(target.dtype)}")
         if target.dtype == torch.uint8:
@@ -221,7 +224,13 @@ def _multilabel_terms(x, target):
     return x2, safe, is_target, z, active
 
 
-@lowers(aten.multilabel_margin_loss_forward.default)
+def _multilabel_meta(x, target, reduction):
+    """Output shapes as ATen's kernel: a 1-D input's unreduced loss is 0-d (the reference meta gives [1])."""
+    loss_shape = (() if x.dim() <= 1 else (x.shape[0],)) if reduction == _NONE else ()
+    return x.new_empty(loss_shape), x.new_empty(x.shape)
+
+
+@lowers(aten.multilabel_margin_loss_forward.default, meta=_multilabel_meta)
 def multilabel_margin_loss_forward(x, target, reduction):
     x2, _, is_target, z, active = _multilabel_terms(x, target)
     loss = jnp.sum(jnp.where(active, z, 0), axis=(1, 2)) / x2.shape[1]

@@ -256,7 +256,7 @@ def fractional_max_pool(nd, x, kernel_size, output_size, random_samples):
     sizes = x4.shape[2:]
     kernel = _expand(kernel_size, nd)
     output_size = _expand(output_size, nd)
-    samples = random_samples.reshape(n, c, nd).astype(x.dtype)
+    samples = random_samples[:n].reshape(n, c, nd).astype(x.dtype)  # ATen reads the first N batches
     # The samples are ordered W, H for 2d and T, H, W for 3d (PyTorch's kernels).
     order = (1, 0) if nd == 2 else (0, 1, 2)
     flat = jnp.zeros((n, c) + tuple(output_size) + tuple(kernel), jnp.int64)
