@@ -75,7 +75,7 @@ def leaky_relu(x, negative_slope=0.01):
     return jnp.where(x > 0, x, x * negative_slope)
 
 
-def _leaky_relu_backward_check(grad, x, negative_slope, self_is_result):
+def _leaky_relu_backward_check(negative_slope, self_is_result):
     if self_is_result and negative_slope < 0:
         raise RuntimeError(
             "In-place leakyReLu backward calculation is triggered with a negative slope which is not supported. "
@@ -88,7 +88,7 @@ def _leaky_relu_backward_check(grad, x, negative_slope, self_is_result):
 @lowers(aten.leaky_relu_backward.default, promote=Promote.DEFAULT, promote_args=("grad_output", "self"),
         static_scalars=True)
 def leaky_relu_backward(grad, x, negative_slope, self_is_result):
-    _leaky_relu_backward_check(grad, x, negative_slope, self_is_result)
+    _leaky_relu_backward_check(negative_slope, self_is_result)
     return jnp.where(x > 0, grad, grad * negative_slope)
 
 
@@ -192,7 +192,7 @@ def rrelu_with_noise_functional(x, noise, lower=1 / 8, upper=1 / 3, training=Fal
 _GRAD_SELF = ("grad_output", "self")
 
 
-def _elu_backward_check(grad, alpha, scale, input_scale, is_result, x):
+def _elu_backward_check(alpha, is_result):
     if is_result and alpha < 0:
         raise RuntimeError(
             "In-place elu backward calculation is triggered with a negative slope which is not supported. This is "
@@ -203,7 +203,7 @@ def _elu_backward_check(grad, alpha, scale, input_scale, is_result, x):
 @lowers(aten.elu_backward.default, promote=Promote.INT_TO_FLOAT, promote_args=("grad_output", "self_or_result"),
         static_scalars=True)
 def elu_backward(grad, alpha, scale, input_scale, is_result, x):
-    _elu_backward_check(grad, alpha, scale, input_scale, is_result, x)
+    _elu_backward_check(alpha, is_result)
     if is_result:
         negative = grad * input_scale * (x + alpha * scale)
     else:
@@ -259,5 +259,5 @@ def rrelu_with_noise_backward(grad, x, noise, lower, upper, training, self_is_re
     if training and upper - lower > 1e-6:
         return grad * noise
     slope = (lower + upper) / 2  # ATen: leaky_relu_backward with that slope
-    _leaky_relu_backward_check(grad, x, slope, self_is_result)
+    _leaky_relu_backward_check(slope, self_is_result)
     return jnp.where(x > 0, grad, grad * slope)

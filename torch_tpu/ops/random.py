@@ -50,8 +50,8 @@ def _concrete(*values) -> bool:
 def _check_uniform(dtype: torch.dtype, low, high) -> None:
     """uniform_impl_'s checks (empty tensors included)."""
     real = dtype.to_real() if dtype.is_complex else dtype
-    if not real.is_floating_point:
-        return  # the lowering raises ATen's dispatch error
+    if not real.is_floating_point or not _concrete(low, high):
+        return  # the lowering raises ATen's dispatch error; traced bounds were checked on the host
     lowest, highest = torch.finfo(real).min, torch.finfo(real).max
     for name, value in (("from", low), ("to", high)):
         if not lowest <= value <= highest:
@@ -88,8 +88,7 @@ def _bernoulli_host_check(x, p=0.5, generator=None):
 @lowers(aten.uniform.default, rng=True, host_check=_uniform_host_check, runtime=("from", "to"))
 def uniform(x, low=0.0, high=1.0, generator=None, *, key):
     _floating_only(x, "check_uniform_bounds")
-    if _concrete(low, high):
-        _check_uniform(dtypes.to_torch(x.dtype), low, high)
+    _check_uniform(dtypes.to_torch(x.dtype), low, high)
     draw = _draw_dtype(x.dtype)
     if jnp.issubdtype(x.dtype, jnp.complexfloating):  # ATen: the real and imaginary parts each uniform
         parts = jax.random.uniform(key, x.shape + (2,), dtype=draw, minval=low, maxval=high)

@@ -132,6 +132,8 @@ def _dtypes(x):
 _KERNEL_NAMES = {"nearest": "compute_indices_weights_nearest", "nearest-exact": "compute_indices_weights_nearest",
                  "linear": "compute_indices_weights_linear", "cubic": "compute_indices_weights_cubic",
                  "aa-linear": "compute_index_ranges_weights", "aa-cubic": "compute_index_ranges_weights"}
+_KERNEL_NAMES_2D = {"nearest": "upsample_nearest2d_channels_last", "nearest-exact": "upsample_nearest2d_channels_last",
+                    "linear": "upsample_bilinear2d_channels_last"}
 
 
 def _check_dtype(mode, nd, dtype):
@@ -139,9 +141,8 @@ def _check_dtype(mode, nd, dtype):
         return
     if dtype == jnp.uint8 and (mode in ("nearest", "nearest-exact") or nd == 2):
         return
-    name = {"nearest": "upsample_nearest2d_channels_last", "nearest-exact": "upsample_nearest2d_channels_last",
-            "linear": "upsample_bilinear2d_channels_last"}.get(mode) if nd == 2 else None
-    raise dtypes.not_implemented(name or _KERNEL_NAMES[mode], dtypes.to_torch(dtype))
+    name = (_KERNEL_NAMES_2D.get(mode) if nd == 2 else None) or _KERNEL_NAMES[mode]
+    raise dtypes.not_implemented(name, dtypes.to_torch(dtype))
 
 
 def _taps_for(mode, sizes_in, sizes_out, align_corners, scales, dt):
