@@ -1173,6 +1173,28 @@ def test_deterministic_mode_does_not_raise_cudas_alerts_for_tpu():
         torch.use_deterministic_algorithms(previous)
 
 
+@pytest.mark.parametrize("device", ["cpu", TPU])
+def test_deterministic_mode_alerts_for_put_without_accumulate(device):
+    """ATen alerts for put_(accumulate=False) on every device (duplicate indices: which value wins is unspecified)."""
+    previous = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    a = torch.zeros(4, device=device)
+    index, values = torch.tensor([0, 0], device=device), torch.tensor([1.0, 2.0], device=device)
+    try:
+        torch.use_deterministic_algorithms(True)
+        with pytest.raises(RuntimeError, match="put_ does not have a deterministic implementation"):
+            a.put_(index, values)
+        with pytest.raises(RuntimeError, match="put_ does not have a deterministic implementation"):
+            a.put(index, values)
+        assert a.cpu().tolist() == [0.0] * 4  # refused before writing
+        assert a.put_(index, values, accumulate=True).cpu().tolist() == [3.0, 0.0, 0.0, 0.0]
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        with pytest.warns(UserWarning, match="put_ does not have a deterministic implementation"):
+            a.put_(index[:1], values[:1])
+        assert a.cpu().tolist() == [1.0, 0.0, 0.0, 0.0]
+    finally:
+        torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
+
+
 def test_is_set_to_compares_the_tensors_not_copies():
     a = torch.arange(6.0, device=TPU)
     b = torch.empty(0, device=TPU).set_(a.untyped_storage(), 0, (6,), (1,))

@@ -17,6 +17,7 @@ from jax import lax
 from torch_tpu.ops import checks
 from torch_tpu.ops.checks import checked
 from torch_tpu.ops.registry import Promote, aten, lowers
+from torch_tpu.runtime import errors
 
 
 def _index_tuple(indices):
@@ -100,7 +101,12 @@ def take(x, index):
     return flat[jnp.where(index < 0, index + flat.shape[0], index)]
 
 
-@lowers(aten.put.default)
+def _put_host_check(x, index, source, accumulate=False):
+    if not accumulate:  # duplicate indices leave which value wins unspecified (ATen alerts on every device)
+        errors.alert_not_deterministic("put_")
+
+
+@lowers(aten.put.default, host_check=_put_host_check)
 @checked
 def put(x, index, source, accumulate=False):
     flat = x.reshape(-1)
