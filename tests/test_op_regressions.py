@@ -1254,3 +1254,16 @@ def test_multilabel_margin_loss_unreduced_shape(shape):
     got = F.multilabel_margin_loss(x.to(TPU), t.to(TPU), reduction="none")
     assert got.shape == expected.shape
     torch.testing.assert_close(got.cpu(), expected)
+
+
+@pytest.mark.parametrize("fn", [torch.tanh, torch.sigmoid], ids=["tanh", "sigmoid"])
+def test_complex_backward_takes_the_conjugate_derivative(fn):
+    """PyTorch's complex gradients are grad * conj(f'(z)): tanh_backward and sigmoid_backward conjugate."""
+    z = torch.randn(6, dtype=torch.complex64, generator=torch.Generator().manual_seed(0))
+    grads = []
+    for device in ("cpu", TPU):
+        x = z.clone().to(device).requires_grad_()
+        out = fn(x)
+        out.backward(torch.full_like(out, 0.5 + 1j))
+        grads.append(x.grad.cpu())
+    torch.testing.assert_close(grads[1], grads[0])

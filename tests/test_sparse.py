@@ -340,3 +340,25 @@ def test_sparse_bool_subtraction_and_uncastable_in_place_raise_pytorchs_error():
     _same_result(lambda a: a - a, s)
     ints = torch.sparse_coo_tensor(torch.tensor([[0, 1]]), torch.tensor([3, 4]), (3,))
     _same_result(lambda a: a.clone().div_(2), ints)
+
+
+@pytest.mark.parametrize("coalesced", [False, True])
+def test_sparse_mask_and_its_projection_match_cpu(coalesced):
+    """sparse_mask (hybrid and zero sparse dims) and _sparse_mask_projection, the op sparse_mask's backward runs."""
+    dense = _dense((5, 6, 2), seed=3, density=1.0)
+    mask = _uncoalesced(seed=4, nnz=9, dense=(2,))
+    mask = mask.coalesce() if coalesced else mask
+    assert_same_sparse(dense.to("tpu").sparse_mask(mask.to("tpu")), dense.sparse_mask(mask))
+    no_sparse_dims = torch.sparse_coo_tensor(torch.zeros(0, 1, dtype=torch.long), torch.ones(1, 5, 6, 2), (5, 6, 2))
+    assert_same_sparse(dense.to("tpu").sparse_mask(no_sparse_dims.to("tpu")), dense.sparse_mask(no_sparse_dims))
+    grad = _uncoalesced(seed=5, nnz=14, dense=(2,))
+    grad = grad.coalesce() if coalesced else grad
+    for accumulate in (False, True):
+        assert_same_sparse(grad.to("tpu")._sparse_mask_projection(mask.to("tpu"), accumulate_matches=accumulate),
+                           grad._sparse_mask_projection(mask, accumulate_matches=accumulate))
+    x = torch.randn(5, 6, 2)
+    xt = x.to("tpu").requires_grad_()
+    x.requires_grad_()
+    x.sparse_mask(mask).to_dense().pow(2).sum().backward()
+    xt.sparse_mask(mask.to("tpu")).to_dense().pow(2).sum().backward()
+    torch.testing.assert_close(xt.grad.cpu(), x.grad)

@@ -332,13 +332,31 @@ def _sparse_mask(self, mask):
                            f"{list(self.shape)} but mask has size {list(mask.shape)}")
     if self.is_sparse:
         self = self.to_dense()
-    mask = mask if mask.is_coalesced() else mask.coalesce()
+    # mask's entries as they are, duplicates included (an uncoalesced mask gives an uncoalesced result, as on CPU)
     indices = mask._indices()
     if mask._nnz() == 0:
         values = self.new_zeros((0,) + tuple(self.shape[mask.sparse_dim():]))
+    elif mask.sparse_dim() == 0:  # no sparse dims: each entry is the whole tensor
+        values = self.unsqueeze(0).expand((mask._nnz(),) + tuple(self.shape)).clone()
     else:
         values = self[tuple(indices)]
-    return _make(indices.clone(), values, self.shape, True)
+    return _make(indices.clone(), values, self.shape, mask.is_coalesced())
+
+
+def _sparse_mask_projection(self, mask, accumulate_matches=False):
+    """sparse_mask's backward: self's entries, zeroed where mask has no entry at their index (times the number
+    of mask's entries there with accumulate_matches), as ATen's intersection kernel gives them."""
+    if self.shape != mask.shape:
+        raise RuntimeError("sparse_mask_projection(): operands have incompatible sizes; self has size "
+                           f"{list(self.shape)} but mask has size {list(mask.shape)}")
+    sizes = self.shape[:self.sparse_dim()]
+    ours = _linear(self._indices(), sizes)
+    theirs, _ = torch.sort(_linear(mask._indices(), sizes))
+    matches = torch.searchsorted(theirs, ours, right=True) - torch.searchsorted(theirs, ours)
+    factor = matches if accumulate_matches else (matches > 0)
+    values = self._values()
+    values = values * factor.to(values.dtype).reshape((-1,) + (1,) * (values.dim() - 1))
+    return _make(self._indices().clone(), values, self.shape, self.is_coalesced())
 
 
 def _sum(s, *, dtype=None):
@@ -557,6 +575,7 @@ def sparse_kernels() -> dict:
         aten.mm.default: _mm,
         aten.addmm.default: _addmm,
         aten.sparse_mask.default: _sparse_mask,
+        aten._sparse_mask_projection.default: _sparse_mask_projection,
         aten.sum.default: _sum,
     })
     return out

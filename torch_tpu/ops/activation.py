@@ -62,12 +62,12 @@ def silu(x):
 
 @lowers(aten.tanh_backward.default, promote=Promote.INT_TO_FLOAT)
 def tanh_backward(grad, y):
-    return grad * (1 - y * y)
+    return grad * jnp.conj(1 - y * y)  # complex: the conjugate derivative (PyTorch's convention)
 
 
 @lowers(aten.sigmoid_backward.default, promote=Promote.INT_TO_FLOAT)
 def sigmoid_backward(grad, y):
-    return grad * y * (1 - y)
+    return grad * jnp.conj(y * (1 - y))
 
 
 @lowers(aten.leaky_relu.default, promote=Promote.DEFAULT)
