@@ -1267,3 +1267,13 @@ def test_complex_backward_takes_the_conjugate_derivative(fn):
         out.backward(torch.full_like(out, 0.5 + 1j))
         grads.append(x.grad.cpu())
     torch.testing.assert_close(grads[1], grads[0])
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.bool, torch.float64])
+def test_bernoulli_out_draws_in_any_out_dtype(dtype):
+    """ATen's bernoulli.out resizes out and draws in its dtype (PyTorch's meta kernel would refuse float -> int64)."""
+    p = torch.tensor([0.0, 1.0, 1.0, 0.0])
+    expected = torch.bernoulli(p, out=torch.empty(4, dtype=dtype))
+    out = torch.empty(4, dtype=dtype, device=TPU)
+    assert torch.bernoulli(p.to(TPU), out=out) is out
+    assert out.dtype == dtype and torch.equal(out.cpu(), expected)

@@ -146,6 +146,18 @@ def bernoulli(x, generator=None, *, key):
     return jax.random.bernoulli(key, x.astype(jnp.float32), x.shape).astype(x.dtype)
 
 
+def _bernoulli_out_meta(x, generator, out):
+    # ATen's bernoulli_out resizes out and draws in its dtype, any dtype (result.bernoulli_(self)); the
+    # reference out= wrapper PyTorch's meta kernel uses would refuse float -> int64 as an unsafe cast.
+    return out.resize_(x.shape)
+
+
+@lowers(aten.bernoulli.out, rng=True, meta=_bernoulli_out_meta)
+@checks.checked
+def bernoulli_out(x, generator, out, *, key):
+    return bernoulli(x, generator, key=key).astype(out.dtype)
+
+
 @lowers(aten.bernoulli.p, rng=True, host_check=_bernoulli_host_check)
 def bernoulli_p(x, p, generator=None, *, key):
     _check_p(p)
