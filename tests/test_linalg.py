@@ -24,6 +24,40 @@ def test_failures_raise_pytorchs_errors(fn, matrix, message):
         fn(matrix.to("tpu"))
 
 
+@pytest.mark.parametrize("fn, matrix", [
+    (lambda a, **k: torch.linalg.cholesky_ex(a, **k), -torch.eye(3)),
+    (lambda a, **k: torch.linalg.inv_ex(a, **k), torch.tensor([[1.0, 2.0], [2.0, 4.0]])),
+    (lambda a, **k: torch.linalg.solve_ex(a, torch.ones(2, device=a.device), **k), torch.tensor([[1.0, 2.0], [2.0, 4.0]])),
+    (lambda a, **k: torch.linalg.lu_factor_ex(a, **k), torch.tensor([[1.0, 2.0], [2.0, 4.0]])),
+], ids=["cholesky_ex", "inv_ex", "solve_ex", "lu_factor_ex"])
+def test_ex_variants_raise_at_the_call_with_check_errors(fn, matrix):
+    """check_errors=True: ATen checks the info after the factorization and raises at the call (out= too)."""
+    with pytest.raises((torch.linalg.LinAlgError, RuntimeError)) as expected:
+        fn(matrix, check_errors=True)
+    with pytest.raises(type(expected.value), match=str(expected.value)[:40].replace("[", r"\[")):
+        fn(matrix.to("tpu"), check_errors=True)
+    assert fn(matrix.to("tpu"))[-1].cpu().tolist() == fn(matrix)[-1].tolist()  # without it: info only
+
+
+def test_cholesky_ex_out_checks_errors_too():
+    factor, info = torch.empty(0, device="tpu"), torch.empty(0, dtype=torch.int32, device="tpu")
+    with pytest.raises(torch.linalg.LinAlgError, match="leading minor of order 1"):
+        torch.linalg.cholesky_ex(-torch.eye(3, device="tpu"), check_errors=True, out=(factor, info))
+    assert info.cpu().item() == 1
+
+
+def test_eigh_takes_lowercase_uplo_and_eig_refuses_non_finite_input():
+    a = torch.tensor([[2.0, 9.0, 9.0], [1.0, 3.0, 9.0], [0.5, 0.25, 4.0]])  # lower and upper triangles differ
+    for uplo in ("l", "u"):
+        torch.testing.assert_close(torch.linalg.eigvalsh(a.to("tpu"), UPLO=uplo).cpu(), torch.linalg.eigvalsh(a, UPLO=uplo))
+    nan = torch.eye(3)
+    nan[0, 1] = float("nan")
+    with pytest.raises(RuntimeError, match="input tensor should not contain infs or NaNs"):
+        torch.linalg.eig(nan)
+    with pytest.raises(RuntimeError, match="input tensor should not contain infs or NaNs"):
+        torch.linalg.eig(nan.to("tpu")).eigenvalues.cpu()  # a value check: raised at the read
+
+
 def test_info_codes():
     """cholesky_ex/inv_ex/lu_factor_ex report info like LAPACK: 0 on success, 1 + the failing index otherwise."""
     bad = torch.stack([_spd(3), torch.tensor([[1.0, 2.0, 0.0], [2.0, 1.0, 0.0], [0.0, 0.0, 1.0]])])

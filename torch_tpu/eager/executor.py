@@ -235,7 +235,15 @@ def execute(spec: OpSpec, lowering: Lowering, via_functional: bool, *args, **kwa
     """Run one dispatched op as its cached program; return what the op returns."""
     full = list(args) if not kwargs and len(args) == spec.n_args else spec.normalize(args, kwargs)
     if lowering.host_check is not None:
-        lowering.host_check(*full)
+        after = lowering.host_check(*full)
+        if after is not None:  # a check of the results on the host (an *_ex op's check_errors=True)
+            result = _launch(spec, lowering, via_functional, full)
+            after(result)
+            return result
+    return _launch(spec, lowering, via_functional, full)
+
+
+def _launch(spec: OpSpec, lowering: Lowering, via_functional: bool, full: list):
     if config.defer_and_fuse:  # DeferAndFuse: record instead of launching (defer.py)
         return _record(spec, lowering, via_functional, full)
     if not (lowering.rng or config.launch_blocking or _trace.active or xla_options.active):

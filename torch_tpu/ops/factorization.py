@@ -20,6 +20,7 @@ import math
 import jax
 import jax.numpy as jnp
 import jax.scipy.linalg as jsl
+import torch
 from jax import lax
 
 from torch_tpu.ops import checks
@@ -66,7 +67,21 @@ def _eye_like(x, n=None):
     return jnp.broadcast_to(jnp.eye(n, dtype=x.dtype), x.shape[:-2] + (n, n))
 
 
-@lowers(aten.linalg_cholesky_ex.default)
+def _check_errors_after(op, api_name: str):
+    """A host check for an `*_ex` op: with check_errors=True, ATen's kernel runs _linalg_check_errors on its
+    info (its last result) after the factorization, reading it: the error is raised at the call, as by the
+    op without _ex. (Its out= variant passes the same arguments first, then the out= tensors.)"""
+    flag = [a.name for a in op._schema.arguments].index("check_errors")
+
+    def host_check(a, *args):
+        if not args[flag - 1]:
+            return None
+        return lambda results: torch._linalg_check_errors(results[-1], api_name, is_matrix=a.dim() == 2)
+
+    return host_check
+
+
+@lowers(aten.linalg_cholesky_ex.default, host_check=_check_errors_after(aten.linalg_cholesky_ex.default, "linalg.cholesky_ex"))
 @_highest
 def linalg_cholesky_ex(a, upper=False, check_errors=False):
     # PyTorch reads one triangle (lower, or upper for upper=True): no symmetrization.
@@ -192,7 +207,7 @@ def linalg_check_errors(info, api_name, is_matrix):
     return ()
 
 
-@lowers(aten._linalg_solve_ex.default)
+@lowers(aten._linalg_solve_ex.default, host_check=_check_errors_after(aten._linalg_solve_ex.default, "torch.linalg.solve_ex"))
 @_highest
 def linalg_solve_ex(a, b, left=True, check_errors=False):
     vector = _is_vector_rhs(a, b)
@@ -207,14 +222,14 @@ def linalg_solve_ex(a, b, left=True, check_errors=False):
     return (x[..., 0] if vector else x), lu_a, pivots, _lu_info(lu_a)
 
 
-@lowers(aten.linalg_inv_ex.default)
+@lowers(aten.linalg_inv_ex.default, host_check=_check_errors_after(aten.linalg_inv_ex.default, "linalg.inv_ex"))
 @_highest
 def linalg_inv_ex(a, check_errors=False):
     lu, _, permutation = _lu(a)
     return _lu_solve(lu, permutation, _eye_like(a)), _lu_info(lu)
 
 
-@lowers(aten.linalg_lu_factor_ex.default)
+@lowers(aten.linalg_lu_factor_ex.default, host_check=_check_errors_after(aten.linalg_lu_factor_ex.default, "torch.linalg.lu_factor_ex"))
 @_highest
 def linalg_lu_factor_ex(a, pivot=True, check_errors=False):
     if not pivot:
@@ -336,7 +351,7 @@ def ormqr(a, tau, other, left=True, transpose=False):
 @lowers(aten._linalg_eigh.default)
 @_highest
 def linalg_eigh(a, UPLO="L", compute_v=True):
-    vectors, values = lax.linalg.eigh(a, lower=UPLO == "L", symmetrize_input=False)
+    vectors, values = lax.linalg.eigh(a, lower=UPLO.upper() == "L", symmetrize_input=False)  # ATen takes 'l'/'u' too
     if not compute_v:
         return values, jnp.zeros((0,), a.dtype)
     return values, vectors
@@ -353,8 +368,10 @@ def linalg_svd(a, full_matrices=False, compute_uv=True, driver=None):
 
 
 @lowers(aten.linalg_eig.default)
+@checks.checked
 @_highest
 def linalg_eig(a):
+    checks.require(jnp.all(jnp.isfinite(a)), checks.EIG_NOT_FINITE)  # (ATen's eigvals does not check)
     # NOTE(torch-vs-xla): XLA has a general eigensolver on CPU (LAPACK geev) and GPU only; on a
     # TPU this raises when the program compiles.
     values, vectors = jnp.linalg.eig(a)
@@ -503,7 +520,7 @@ def _batched(fn, a, *rest):
     return tuple(o.reshape(batch + o.shape[1:]) for o in out)
 
 
-@lowers(aten.linalg_ldl_factor_ex.default)
+@lowers(aten.linalg_ldl_factor_ex.default, host_check=_check_errors_after(aten.linalg_ldl_factor_ex.default, "torch.linalg.ldl_factor_ex"))
 def linalg_ldl_factor_ex(a, hermitian=False, check_errors=False):
     if a.shape[-1] == 0 or math.prod(a.shape[:-2]) == 0:
         return a, jnp.zeros(a.shape[:-1], jnp.int32), jnp.zeros(a.shape[:-2], jnp.int32)
