@@ -1277,3 +1277,18 @@ def test_bernoulli_out_draws_in_any_out_dtype(dtype):
     out = torch.empty(4, dtype=dtype, device=TPU)
     assert torch.bernoulli(p.to(TPU), out=out) is out
     assert out.dtype == dtype and torch.equal(out.cpu(), expected)
+
+
+def test_complex_logaddexp_and_logcumsumexp_keep_atens_imaginary_parts():
+    """ATen's complex log-add-exp adds log1p(exp(low - high)) to the operand with the larger real part, so an
+    imaginary part can leave (-pi, pi]; logcumsumexp folds it left to right. Wrapped results differ by 2*pi."""
+    g = torch.Generator().manual_seed(0)
+    a, b = (torch.randn(64, dtype=torch.complex64, generator=g) * 4 for _ in range(2))
+    torch.testing.assert_close(torch.logaddexp(a.to(TPU), b.to(TPU)).cpu(), torch.logaddexp(a, b))
+    x = torch.randn(6, 40, dtype=torch.complex64, generator=g) * 3
+    expected = torch.logcumsumexp(x, 1)
+    assert expected.imag.abs().max() > math.pi  # the case a wrapped result gets wrong
+    torch.testing.assert_close(torch.logcumsumexp(x.to(TPU), 1).cpu(), expected, atol=1e-4, rtol=1e-4)
+    special = torch.tensor([complex(float("-inf"), 1.0), complex(float("inf"), 0.5), complex(float("nan"), 0.0)])
+    torch.testing.assert_close(torch.logaddexp(special.to(TPU), special.flip(0).to(TPU)).cpu(),
+                               torch.logaddexp(special, special.flip(0)), equal_nan=True)

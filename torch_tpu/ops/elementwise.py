@@ -239,11 +239,27 @@ def pow_scalar(x, exponent):
     return jnp.power(x, jnp.asarray(exponent, x.dtype))
 
 
+def complex_logaddexp(x, y):
+    """log(exp(x) + exp(y)) of complex values as ATen computes it: the operand with the larger real part plus
+    log1p(exp(other - it)). Its imaginary part is not wrapped into (-pi, pi] (jnp.logaddexp's is)."""
+    smaller = x.real < y.real
+    low, high = jnp.where(smaller, x, y), jnp.where(smaller, y, x)
+    both_infinite = ~jnp.isfinite(low.real) & (low.real == high.real)
+    value = jnp.where(both_infinite, jnp.where(low.real < 0, low, jnp.log(jnp.exp(low) + jnp.exp(high))),
+                      jnp.log1p(jnp.exp(low - high)) + high)
+    nan = jnp.isnan(x.real) | jnp.isnan(x.imag) | jnp.isnan(y.real) | jnp.isnan(y.imag)
+    return jnp.where(nan, jnp.asarray(complex(jnp.nan, jnp.nan), x.dtype), value)
+
+
+def _logaddexp(x, y):
+    return complex_logaddexp(x, y) if jnp.iscomplexobj(x) else jnp.logaddexp(x, y)
+
+
 lower_table(
     {
         aten.atan2.default: jnp.arctan2,
         aten.hypot.default: jnp.hypot,
-        aten.logaddexp.default: jnp.logaddexp,
+        aten.logaddexp.default: _logaddexp,
         aten.logaddexp2.default: jnp.logaddexp2,
         aten.copysign.Tensor: jnp.copysign,
         aten.copysign.Scalar: jnp.copysign,

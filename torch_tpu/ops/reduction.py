@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from torch_tpu.ops.elementwise import complex_logaddexp
 from torch_tpu.ops.registry import aten, lowers
 from torch_tpu.runtime import dtypes
 
@@ -318,6 +319,12 @@ def logcumsumexp(x, dim):
         raise IndexError(f"Dimension out of range (expected to be in range of [{-rank}, {rank - 1}], but got {dim})")
     if x.ndim == 0:
         return x
+    if jnp.iscomplexobj(x):
+        # ATen's sequential log-add-exp, whose imaginary part is not wrapped: a tree scan would wrap differently
+        moved = jnp.moveaxis(x, dim % x.ndim, 0)
+        start = jnp.full(moved.shape[1:], complex(-jnp.inf, 0), x.dtype)
+        _, out = lax.scan(lambda acc, v: (complex_logaddexp(v, acc),) * 2, start, moved)
+        return jnp.moveaxis(out, 0, dim % x.ndim)
     a = _acc(x) if jnp.issubdtype(x.dtype, jnp.floating) else x
     return lax.cumlogsumexp(a, axis=dim % x.ndim).astype(x.dtype)
 
