@@ -11,6 +11,8 @@ Each entry of `op_db` is run in each mode on its first `SAMPLES_BY_MODE[mode]` s
   float32_backward  input gradients of float32 samples (entries that support autograd)
   bfloat16          forward, bfloat16 samples
   float32_variants  in-place (dense and strided self) and out= variants of float32 samples
+  complex64         forward, complex64 samples (entries whose CPU kernels take complex64)
+  complex64_backward  input gradients of complex64 samples (PyTorch's conjugate-derivative convention)
 with TORCH_TPU_FALLBACK=error semantics, so a CPU fallback raises and the entry
 is classified "fallback" instead of silently running on the CPU. Results:
   pass      every sample matched CPU within tolerance, natively
@@ -44,24 +46,30 @@ SAMPLES = 3
 # broadcasting masks, short padding forms). Variants run one sample: each runs the op three times
 # (in-place on a dense and a strided self, out=) and checks aliasing. Backward and bfloat16 at 10 cost about
 # 2.2x their 3 (docs/ops.md, "Cost"; "Where CI stands" has the measured CI times).
-SAMPLES_BY_MODE = {"float32": 10, "float32_backward": 10, "bfloat16": 10, "float32_variants": 1}
+SAMPLES_BY_MODE = {"float32": 10, "float32_backward": 10, "bfloat16": 10, "float32_variants": 1, "complex64": 3,
+                   "complex64_backward": 3}
 
 # The heavy sweep's chunks per mode: chunk k of n runs every n-th eligible entry from the k-th (op_db
 # order interleaves op families, so chunks cost about the same). tests/conftest.py makes each chunk its
 # own pytest-xdist work unit; sized to about equal cost (a few minutes in CI; measured in docs/ops.md).
-CHUNKS = {"float32": 6, "float32_backward": 8, "bfloat16": 5, "float32_variants": 2}
+CHUNKS = {"float32": 6, "float32_backward": 8, "bfloat16": 5, "float32_variants": 2, "complex64": 1,
+          "complex64_backward": 2}
 
 MODES = {  # mode -> (dtype, backward)
     "float32": (torch.float32, False),
     "float32_backward": (torch.float32, True),
     "bfloat16": (torch.bfloat16, False),
     "float32_variants": (torch.float32, False),  # in-place (also on a strided view) and out= variants
+    "complex64": (torch.complex64, False),
+    "complex64_backward": (torch.complex64, True),
 }
 
 DEFAULT_TOL = {
     "float32": (1e-4, 1e-4),
     "float32_variants": (1e-4, 1e-4),
     "float32_backward": (1e-4, 1e-4),
+    "complex64": (1e-4, 1e-4),
+    "complex64_backward": (1e-4, 1e-4),
     # One bfloat16 ulp is 2**-8 relative (0.39%); rounding order differs from PyTorch's CPU kernels.
     "bfloat16": (1e-2, 1.6e-2),
 }
@@ -520,7 +528,8 @@ def stats(results: dict) -> dict:
     return counts
 
 
-TARGETS = {"float32": 0.995, "float32_backward": 0.99, "bfloat16": 0.99, "float32_variants": 0.90}  # issue 22's targets
+TARGETS = {"float32": 0.995, "float32_backward": 0.99, "bfloat16": 0.99, "float32_variants": 0.90,
+           "complex64": 0.99, "complex64_backward": 0.99}  # issue 22's targets (complex64: as float32_backward)
 
 
 def summary_line(mode: str, results: dict) -> str:
