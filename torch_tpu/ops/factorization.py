@@ -81,7 +81,8 @@ def _check_errors_after(op, api_name: str):
     return host_check
 
 
-@lowers(aten.linalg_cholesky_ex.default, host_check=_check_errors_after(aten.linalg_cholesky_ex.default, "linalg.cholesky_ex"))
+@lowers(aten.linalg_cholesky_ex.default,
+        host_check=_check_errors_after(aten.linalg_cholesky_ex.default, "linalg.cholesky_ex"))
 @_highest
 def linalg_cholesky_ex(a, upper=False, check_errors=False):
     # PyTorch reads one triangle (lower, or upper for upper=True): no symmetrization.
@@ -207,7 +208,8 @@ def linalg_check_errors(info, api_name, is_matrix):
     return ()
 
 
-@lowers(aten._linalg_solve_ex.default, host_check=_check_errors_after(aten._linalg_solve_ex.default, "torch.linalg.solve_ex"))
+@lowers(aten._linalg_solve_ex.default,
+        host_check=_check_errors_after(aten._linalg_solve_ex.default, "torch.linalg.solve_ex"))
 @_highest
 def linalg_solve_ex(a, b, left=True, check_errors=False):
     vector = _is_vector_rhs(a, b)
@@ -222,14 +224,16 @@ def linalg_solve_ex(a, b, left=True, check_errors=False):
     return (x[..., 0] if vector else x), lu_a, pivots, _lu_info(lu_a)
 
 
-@lowers(aten.linalg_inv_ex.default, host_check=_check_errors_after(aten.linalg_inv_ex.default, "linalg.inv_ex"))
+@lowers(aten.linalg_inv_ex.default,
+        host_check=_check_errors_after(aten.linalg_inv_ex.default, "linalg.inv_ex"))
 @_highest
 def linalg_inv_ex(a, check_errors=False):
     lu, _, permutation = _lu(a)
     return _lu_solve(lu, permutation, _eye_like(a)), _lu_info(lu)
 
 
-@lowers(aten.linalg_lu_factor_ex.default, host_check=_check_errors_after(aten.linalg_lu_factor_ex.default, "torch.linalg.lu_factor_ex"))
+@lowers(aten.linalg_lu_factor_ex.default,
+        host_check=_check_errors_after(aten.linalg_lu_factor_ex.default, "torch.linalg.lu_factor_ex"))
 @_highest
 def linalg_lu_factor_ex(a, pivot=True, check_errors=False):
     if not pivot:
@@ -520,7 +524,8 @@ def _batched(fn, a, *rest):
     return tuple(o.reshape(batch + o.shape[1:]) for o in out)
 
 
-@lowers(aten.linalg_ldl_factor_ex.default, host_check=_check_errors_after(aten.linalg_ldl_factor_ex.default, "torch.linalg.ldl_factor_ex"))
+@lowers(aten.linalg_ldl_factor_ex.default,
+        host_check=_check_errors_after(aten.linalg_ldl_factor_ex.default, "torch.linalg.ldl_factor_ex"))
 def linalg_ldl_factor_ex(a, hermitian=False, check_errors=False):
     if a.shape[-1] == 0 or math.prod(a.shape[:-2]) == 0:
         return a, jnp.zeros(a.shape[:-1], jnp.int32), jnp.zeros(a.shape[:-2], jnp.int32)
