@@ -312,3 +312,17 @@ def test_default_device_factories():
     assert {name: str(t.device) for name, t in inside.items()} == dict.fromkeys(factories, "tpu:1")
     assert torch.ones(1).device.type == "cpu"
     assert_close_tree(inside["linspace"], torch.linspace(0, 1, 3))
+
+
+@pytest.mark.filterwarnings("ignore:TypedStorage is deprecated")
+def test_legacy_typed_storages_of_tpu_tensors():
+    """torch.tpu.FloatStorage and its siblings, as torch.cuda's: storage_type(), isinstance, construction."""
+    t = torch.arange(3.0, device="tpu")
+    assert t.storage_type() is torch.tpu.FloatStorage
+    assert torch.ones(2, dtype=torch.int64, device="tpu").storage_type() is torch.tpu.LongStorage
+    assert isinstance(t.storage(), torch.tpu.FloatStorage) and not isinstance(t.storage(), torch.FloatStorage)
+    assert not isinstance(torch.ones(2).storage(), torch.tpu.FloatStorage)
+    assert t.storage().type() == "torch.tpu.FloatStorage"
+    made = torch.tpu.BFloat16Storage([1.0, 2.5])
+    assert (made.device.type, made.dtype, made.tolist()) == ("tpu", torch.bfloat16, [1.0, 2.5])
+    assert torch.tpu.FloatStorage(4).size() == 4

@@ -363,6 +363,23 @@ def is_bf16_supported(including_emulation: bool = True) -> bool:
     return True
 
 
+# ------------------------------------------------------------------ legacy typed storages
+def _legacy_storage(name: str, dtype: torch.dtype) -> type:
+    """torch.tpu.FloatStorage and its siblings, as torch.cuda has them: `tensor.storage_type()`, `isinstance`
+    checks of `tensor.storage()` and `torch.tpu.FloatStorage(n)`. PyTorch's TypedStorage finds the device
+    from the class's module name, so the classes only name their dtype."""
+    return type(name, (torch.storage._LegacyStorage,), {
+        "__module__": "torch.tpu",
+        "dtype": torch._utils.classproperty(lambda cls: (torch.storage._warn_typed_storage_removal(), dtype)[1]),
+        "_dtype": torch._utils.classproperty(lambda cls: dtype),
+    })
+
+
+for _dtype, _name in torch.storage._dtype_to_storage_type_map().items():
+    globals()[_name] = _legacy_storage(_name, _dtype)
+del _dtype, _name
+
+
 from torch_tpu import pallas  # noqa: E402  (torch.tpu.pallas: jax_op, get_pallas_mesh; imports no JAX)
 
 
