@@ -120,3 +120,21 @@ def test_det_keeps_pytorchs_factor_layout_for_backward():
     a = torch.randn(5, 5, dtype=torch.float32)
     assert_matches_cpu(torch.linalg.det, a.requires_grad_(), grads=True, atol=1e-4, rtol=1e-4)
     assert_matches_cpu(lambda x: torch.linalg.det(x.mT), a, grads=True, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("fn", [lambda a, out: torch.linalg.cholesky(a, out=out),
+                                lambda a, out: torch.linalg.inv(a, out=out)], ids=["cholesky", "inv"])
+def test_a_resized_out_warns_once_as_on_cpu(fn):
+    """PyTorch's C++ meta kernels warn about the resize too, during the program build: those warnings are
+    caught there (they would surface at the user's call, beside the executor's own)."""
+    import warnings
+
+    counts = []
+    for device in ("cpu", "tpu"):
+        out = torch.empty(2, 3, device=device)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            fn(torch.eye(3, device=device) * 2, out)
+        counts.append(sum("was resized" in str(w.message) for w in caught))
+        assert out.shape == (3, 3)
+    assert counts == [1, 1]

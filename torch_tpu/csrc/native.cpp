@@ -2067,6 +2067,18 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_readwrite("precision", &OpKernel::precision)
       .def("__call__", &OpKernel::call);
   m.def("register_boxed", &register_boxed);
+  // C++ warnings (TORCH_WARN) raised while fn runs become Python warnings when it returns, under the
+  // Python filters active then. Without it, those of ops called through OpOverload inside a kernel wait for
+  // the outermost Python binding (the user's call), past any warnings.catch_warnings around them.
+  m.def("capture_cpp_warnings", [](py::function fn) -> py::object {
+    torch::PyWarningHandler handler;
+    try {
+      return fn();
+    } catch (...) {
+      handler.set_in_exception();
+      throw;
+    }
+  });
   m.def("invalidate_fast_entries", []() { g_generation += 1; });
   m.def("set_defer_hooks", &set_defer_hooks);
   py::class_<DirectLaunch>(m, "DirectLaunch")

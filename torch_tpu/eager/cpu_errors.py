@@ -19,6 +19,7 @@ import warnings
 
 import torch
 
+from torch_tpu import _native
 from torch_tpu.eager import keys
 from torch_tpu.runtime.dtypes import cpp_name, scalar_type_name
 
@@ -166,17 +167,31 @@ def _replay(spec, key_args, scalars, slots=None) -> BaseException | None:
 
 
 def _error_of(call, keep_warnings: bool = False) -> BaseException | None:
-    """The exception a CPU call raises, or None. Its warnings are silenced, but with `keep_warnings` (the
-    memory-overlap replay) those about expanded tensors pass on: only that replay reproduces them."""
+    """The exception a CPU call raises, or None. Its Python warnings are silenced, but with `keep_warnings`
+    (the memory-overlap replay) those about expanded tensors pass on: only that replay reproduces them. The
+    CPU kernel's own (C++) warnings pass on too (arange's out= numel warning is given by this replay), except
+    the out= resize warning, which the executor gives once when it resizes."""
     error = None
-    with warnings.catch_warnings(record=True) as caught:
+    caught = []
+
+    def replay():
+        nonlocal error
+        with warnings.catch_warnings(record=True) as python_warnings:
+            warnings.simplefilter("always")
+            try:
+                call()
+            except Exception as cpu_err:  # noqa: BLE001  (PyTorch's own error)
+                error = cpu_err.with_traceback(None)  # raised at the user's call, not inside this replay
+        caught.extend(python_warnings)
+
+    with warnings.catch_warnings(record=True) as cpp_warnings:
         warnings.simplefilter("always")
-        try:
-            call()
-        except Exception as cpu_err:  # noqa: BLE001  (PyTorch's own error)
-            error = cpu_err.with_traceback(None)  # raised at the user's call, not inside this replay
+        _native.capture_cpp_warnings(replay)  # the C++ warnings arrive here, when it returns
     for w in caught if keep_warnings else ():
         if "expanded tensors" in str(w.message):
+            warnings.warn(w.message, stacklevel=5)
+    for w in cpp_warnings:
+        if not str(w.message).startswith("An output with one or more elements was resized"):
             warnings.warn(w.message, stacklevel=5)
     return error
 

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import torch
 from torch._prims_common import elementwise_dtypes
 
-from torch_tpu import cache, compile_notice, precision
+from torch_tpu import _native, cache, compile_notice, precision
 from torch_tpu.cache import executable as cache_executable
 from torch_tpu.config import config
 from torch_tpu.eager import cpu_errors
@@ -333,7 +333,9 @@ def _meta_outputs(spec: OpSpec, meta_args, key_args, meta=None):
             with warnings.catch_warnings(), _no_cuda_alerts(spec):
                 # an out= resize warns once, from the launch (executor._resize_out)
                 warnings.filterwarnings("ignore", message="An output with one or more elements was resized")
-                result = spec.call(meta_args) if meta is None else meta(*meta_args)
+                # (a C++ meta kernel's TORCH_WARNs become Python warnings here, under this filter)
+                result = _native.capture_cpp_warnings(
+                    lambda: spec.call(meta_args) if meta is None else meta(*meta_args))
         except RuntimeError as err:
             # A Scalar overload PyTorch runs as the Tensor one with a wrapped number (special_xlog1py(t, 5),
             # bitwise_and(7, t)): the schema refuses the Python number our key holds for it.
