@@ -1292,3 +1292,25 @@ def test_complex_logaddexp_and_logcumsumexp_keep_atens_imaginary_parts():
     special = torch.tensor([complex(float("-inf"), 1.0), complex(float("inf"), 0.5), complex(float("nan"), 0.0)])
     torch.testing.assert_close(torch.logaddexp(special.to(TPU), special.flip(0).to(TPU)).cpu(),
                                torch.logaddexp(special, special.flip(0)), equal_nan=True)
+
+
+def test_every_host_check_takes_its_derived_variants_arguments():
+    """A lowering's host_check runs for its in-place and out= variants too, with their arguments (out= tensors
+    last): uniform.out, bernoulli.float_out, geometric.out and put.out raised a TypeError."""
+    import inspect
+
+    from torch_tpu.eager.kernels import mutating_variants
+    from torch_tpu.ops import registry
+
+    x = torch.zeros(4, device=TPU)  # (the lowerings register at the first tpu op)
+    checked = 0
+    for op, lowering in registry.table().items():
+        if lowering.host_check is None:
+            continue
+        for variant in [op] + [v for v in mutating_variants(op) if registry.get(v) is None]:
+            inspect.signature(lowering.host_check).bind(*range(len(variant._schema.arguments)))
+            checked += 1
+    assert checked >= 15
+    torch.ops.aten.uniform.out(x, 0.0, 1.0, out=torch.empty(4, device=TPU))
+    with pytest.raises(RuntimeError, match=r"found from=3 > to=1"):
+        torch.ops.aten.uniform.out(x, 3.0, 1.0, out=torch.empty(4, device=TPU))

@@ -54,7 +54,6 @@ ERRORS = {
     18: (RuntimeError, "repeats can not be negative"),
     19: (RuntimeError, "normal expects all elements of std >= 0.0"),
     21: (RuntimeError, "Number of elements of source < number of ones in mask"),
-    22: (RuntimeError, "torch.linalg.eig: input tensor should not contain infs or NaNs."),
 }
 INDEX_IN_SELF, INDEX_BOUNDS, GATHER_BOUNDS, TARGET, TAKE = 1, 2, 3, 4, 5
 MULTINOMIAL_INVALID, MULTINOMIAL_SUM, BERNOULLI, ONE_HOT_BIG, ONE_HOT_NEGATIVE = 6, 7, 8, 9, 10
@@ -63,7 +62,6 @@ INDEX_COPY, EMBEDDING_BAG = 11, 12  # 13, 14 and 20 were checks of Python scalar
 # that op on the host from the flag (`linalg_api` names the API; see `_linalg_error`).
 LINALG = 15
 HISTC_RANGE, SORTER_RANGE, NEGATIVE_REPEATS, NORMAL_STD, MASKED_SCATTER_SOURCE = 16, 17, 18, 19, 21
-EIG_NOT_FINITE = 22
 _linalg_apis: dict[int, str] = {}
 
 _state = threading.local()
