@@ -166,6 +166,10 @@ def _replay(spec, key_args, scalars, slots=None) -> BaseException | None:
     return _error_of(lambda: spec.call(args), keep_warnings=slots is not None)
 
 
+# The start of ATen's out= resize warning, which the executor gives itself when it resizes (once per call).
+OUT_RESIZED_WARNING = "An output with one or more elements was resized"
+
+
 def _error_of(call, keep_warnings: bool = False) -> BaseException | None:
     """The exception a CPU call raises, or None. Its Python warnings are silenced, but with `keep_warnings`
     (the memory-overlap replay) those about expanded tensors pass on: only that replay reproduces them. The
@@ -191,7 +195,7 @@ def _error_of(call, keep_warnings: bool = False) -> BaseException | None:
         if "expanded tensors" in str(w.message):
             warnings.warn(w.message, stacklevel=5)
     for w in cpp_warnings:
-        if not str(w.message).startswith("An output with one or more elements was resized"):
+        if not str(w.message).startswith(OUT_RESIZED_WARNING):
             warnings.warn(w.message, stacklevel=5)
     return error
 

@@ -235,7 +235,9 @@ def execute(spec: OpSpec, lowering: Lowering, via_functional: bool, *args, **kwa
     """Run one dispatched op as its cached program; return what the op returns."""
     full = list(args) if not kwargs and len(args) == spec.n_args else spec.normalize(args, kwargs)
     if lowering.host_check is not None:
-        after = lowering.host_check(*full)
+        # the functional op's arguments: a derived out= variant's out= tensors come last
+        after = lowering.host_check(*(full[:len(lowering.op._schema.arguments)] if via_functional and spec.is_out
+                                      else full))
         if after is not None:  # a check of the results on the host (an *_ex op's check_errors=True)
             result = _launch(spec, lowering, via_functional, full)
             after(result)

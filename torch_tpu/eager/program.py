@@ -332,7 +332,7 @@ def _meta_outputs(spec: OpSpec, meta_args, key_args, meta=None):
         try:
             with warnings.catch_warnings(), _no_cuda_alerts(spec):
                 # an out= resize warns once, from the launch (executor._resize_out)
-                warnings.filterwarnings("ignore", message="An output with one or more elements was resized")
+                warnings.filterwarnings("ignore", message=cpu_errors.OUT_RESIZED_WARNING)
                 # (a C++ meta kernel's TORCH_WARNs become Python warnings here, under this filter)
                 result = _native.capture_cpp_warnings(
                     lambda: spec.call(meta_args) if meta is None else meta(*meta_args))

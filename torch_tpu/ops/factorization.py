@@ -67,22 +67,19 @@ def _eye_like(x, n=None):
     return jnp.broadcast_to(jnp.eye(n, dtype=x.dtype), x.shape[:-2] + (n, n))
 
 
-def _check_errors_after(op, api_name: str):
-    """A host check for an `*_ex` op: with check_errors=True, ATen's kernel runs _linalg_check_errors on its
-    info (its last result) after the factorization, reading it: the error is raised at the call, as by the
-    op without _ex. (Its out= variant passes the same arguments first, then the out= tensors.)"""
-    flag = [a.name for a in op._schema.arguments].index("check_errors")
-
+def _check_errors_after(api_name: str):
+    """A host check for an `*_ex` op: with check_errors=True (its last argument), ATen's kernel runs
+    _linalg_check_errors on its info (its last result) after the factorization, reading it: the error is
+    raised at the call, as by the op without _ex (its out= variant too)."""
     def host_check(a, *args):
-        if not args[flag - 1]:
+        if not args[-1]:
             return None
         return lambda results: torch._linalg_check_errors(results[-1], api_name, is_matrix=a.dim() == 2)
 
     return host_check
 
 
-@lowers(aten.linalg_cholesky_ex.default,
-        host_check=_check_errors_after(aten.linalg_cholesky_ex.default, "linalg.cholesky_ex"))
+@lowers(aten.linalg_cholesky_ex.default, host_check=_check_errors_after("linalg.cholesky_ex"))
 @_highest
 def linalg_cholesky_ex(a, upper=False, check_errors=False):
     # PyTorch reads one triangle (lower, or upper for upper=True): no symmetrization.
@@ -208,8 +205,7 @@ def linalg_check_errors(info, api_name, is_matrix):
     return ()
 
 
-@lowers(aten._linalg_solve_ex.default,
-        host_check=_check_errors_after(aten._linalg_solve_ex.default, "torch.linalg.solve_ex"))
+@lowers(aten._linalg_solve_ex.default, host_check=_check_errors_after("torch.linalg.solve_ex"))
 @_highest
 def linalg_solve_ex(a, b, left=True, check_errors=False):
     vector = _is_vector_rhs(a, b)
@@ -224,16 +220,14 @@ def linalg_solve_ex(a, b, left=True, check_errors=False):
     return (x[..., 0] if vector else x), lu_a, pivots, _lu_info(lu_a)
 
 
-@lowers(aten.linalg_inv_ex.default,
-        host_check=_check_errors_after(aten.linalg_inv_ex.default, "linalg.inv_ex"))
+@lowers(aten.linalg_inv_ex.default, host_check=_check_errors_after("linalg.inv_ex"))
 @_highest
 def linalg_inv_ex(a, check_errors=False):
     lu, _, permutation = _lu(a)
     return _lu_solve(lu, permutation, _eye_like(a)), _lu_info(lu)
 
 
-@lowers(aten.linalg_lu_factor_ex.default,
-        host_check=_check_errors_after(aten.linalg_lu_factor_ex.default, "torch.linalg.lu_factor_ex"))
+@lowers(aten.linalg_lu_factor_ex.default, host_check=_check_errors_after("torch.linalg.lu_factor_ex"))
 @_highest
 def linalg_lu_factor_ex(a, pivot=True, check_errors=False):
     if not pivot:
@@ -371,7 +365,7 @@ def linalg_svd(a, full_matrices=False, compute_uv=True, driver=None):
     return u, s, vh
 
 
-def _eig_host_check(a, *out):
+def _eig_host_check(a):
     # ATen reads the input at the call on every device (CUDA's eig runs on the host); its eigvals does not check
     if not bool(torch.isfinite(a).all()):
         raise RuntimeError("torch.linalg.eig: input tensor should not contain infs or NaNs.")
@@ -528,8 +522,7 @@ def _batched(fn, a, *rest):
     return tuple(o.reshape(batch + o.shape[1:]) for o in out)
 
 
-@lowers(aten.linalg_ldl_factor_ex.default,
-        host_check=_check_errors_after(aten.linalg_ldl_factor_ex.default, "torch.linalg.ldl_factor_ex"))
+@lowers(aten.linalg_ldl_factor_ex.default, host_check=_check_errors_after("torch.linalg.ldl_factor_ex"))
 def linalg_ldl_factor_ex(a, hermitian=False, check_errors=False):
     if a.shape[-1] == 0 or math.prod(a.shape[:-2]) == 0:
         return a, jnp.zeros(a.shape[:-1], jnp.int32), jnp.zeros(a.shape[:-2], jnp.int32)

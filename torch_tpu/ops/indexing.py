@@ -101,7 +101,7 @@ def take(x, index):
     return flat[jnp.where(index < 0, index + flat.shape[0], index)]
 
 
-def _put_host_check(x, index, source, accumulate=False, *out):
+def _put_host_check(x, index, source, accumulate=False):
     if not accumulate:  # duplicate indices leave which value wins unspecified (ATen alerts on every device)
         errors.alert_not_deterministic("put_")
 

@@ -73,15 +73,15 @@ def _check_p(p) -> None:
         raise RuntimeError(f"bernoulli_ expects p to be in [0, 1], but got p={p:g}")
 
 
-def _uniform_host_check(x, low=0.0, high=1.0, generator=None, *out):
+def _uniform_host_check(x, low=0.0, high=1.0, generator=None):
     _check_uniform(x.dtype, low, high)
 
 
-def _normal_host_check(x, mean=0.0, std=1.0, generator=None, *out):
+def _normal_host_check(x, mean=0.0, std=1.0, generator=None):
     _check_std(std)
 
 
-def _bernoulli_host_check(x, p=0.5, generator=None, *out):
+def _bernoulli_host_check(x, p=0.5, generator=None):
     _check_p(p)
 
 
@@ -268,7 +268,7 @@ def random_(x, generator=None, *, key):
     return _draw(key, x, *_range(x.dtype, 0, None))
 
 
-def _geometric_host_check(x, p, generator=None, *out):
+def _geometric_host_check(x, p, generator=None):
     if not 0 < p < 1:
         raise RuntimeError(f"geometric_ expects p to be in (0, 1), but got p={p:g}")
 

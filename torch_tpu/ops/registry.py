@@ -65,7 +65,7 @@ class Lowering:
     # Checks of the call's Python scalars that ATen makes on the host (uniform_'s from <= to): called
     # with the op's arguments before each launch or recording, so a bad value raises at the call as on
     # every PyTorch device, not at the next materialization point as a value check in the program.
-    # The op's out= variant, derived from it, calls it with its out= tensors last (take `*out`). It may
+    # Its derived in-place and out= variants call it with the op's own arguments (no out= tensors). It may
     # return a function of the op's results, run after the launch (ATen's check of an info).
     host_check: Callable | None = None
     # False: torch.compile graphs only; eager keeps the op's own kernel (collectives: c10d's, which
