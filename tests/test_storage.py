@@ -102,3 +102,22 @@ def test_untyped_storage_roundtrip():
     assert s.device.type == "tpu"
     cpu = s.cpu()
     assert torch.frombuffer(bytearray(cpu), dtype=torch.float32).tolist() == [1.5, -2.0, 3.25]
+
+
+def test_storage_bytes_and_slices():
+    """A tpu storage's single bytes read and write as on CPU; a slice, which on tpu could not share the
+    storage's memory, raises, and a uint8 view of its bytes (the advised form) shares them."""
+    cpu = torch.arange(8, dtype=torch.float32)
+    t = cpu.to("tpu")
+    s, cs = t.untyped_storage(), cpu.untyped_storage()
+    assert [s[i] for i in (4, 7, -1)] == [cs[i] for i in (4, 7, -1)]
+    s[7] = 65
+    cs[7] = 65
+    assert torch.equal(t.cpu(), cpu)
+    assert cs[8:16].nbytes() == 8  # CPU slices stay as they are
+    with pytest.raises(NotImplementedError, match="Slicing a tpu storage"):
+        s[8:16]
+    v = torch.empty(0, dtype=torch.uint8, device="tpu").set_(s, 8, (8,))
+    assert bytes(v.cpu().numpy()) == bytes(cs)[8:16]
+    v.zero_()
+    assert t.cpu().tolist() == [0.0, 16.0, 0.0, 0.0, 4.0, 5.0, 6.0, 7.0]

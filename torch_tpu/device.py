@@ -380,6 +380,30 @@ for _dtype, _name in torch.storage._dtype_to_storage_type_map().items():
 del _dtype, _name
 
 
+def _refuse_storage_slices() -> None:
+    """`storage[a:b]` of a tpu storage raises instead of returning a storage that reads zeros.
+
+    PyTorch makes a slice a second storage whose data pointer points into the first; on tpu a data
+    pointer names a whole device buffer (runtime/storage.py), so that storage would share nothing.
+    Byte views of a storage (`torch.empty(0, dtype=torch.uint8, device="tpu").set_(s, a, (b - a,))`)
+    do share it. Single bytes (`s[i]`, `s[i] = v`) and slice assignment work as on CPU."""
+    getitem = torch.UntypedStorage.__getitem__
+
+    def __getitem__(self, *args, **kwargs):
+        if args and isinstance(args[0], slice) and self.device.type == "tpu":
+            raise NotImplementedError(
+                "Slicing a tpu storage is not supported: the slice would not share the storage's memory. "
+                "View its bytes through a tensor instead: "
+                "torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage, start, (stop - start,))")
+        return getitem(self, *args, **kwargs)
+
+    __getitem__.__doc__ = getitem.__doc__
+    torch.UntypedStorage.__getitem__ = __getitem__
+
+
+_refuse_storage_slices()
+
+
 from torch_tpu import pallas  # noqa: E402  (torch.tpu.pallas: jax_op, get_pallas_mesh; imports no JAX)
 
 
