@@ -1320,3 +1320,25 @@ def test_every_host_check_takes_its_derived_variants_arguments():
     with pytest.raises(RuntimeError, match="leading minor of order 1"):
         aten.linalg_cholesky_ex.L(-torch.eye(2, device=TPU), check_errors=True,
                                   L=torch.empty(0, device=TPU), info=torch.empty(0, dtype=torch.int32, device=TPU))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bool, torch.int64, torch.bfloat16])
+def test_complex_to_real_casts_keep_the_real_part_without_jax_warnings(dtype):
+    """A complex tensor cast to a real dtype keeps its real part (bool: nonzero), and JAX does not warn
+    (its astype and convert_element_type warn that they will refuse complex-to-real casts). PyTorch's own
+    warning is TORCH_WARN_ONCE (once per process), so it is not compared here."""
+    cpu = torch.tensor([0 + 1j, 0j, 2.5 - 1j, -3.75 + 0.5j])
+
+    def run(t):
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            out = torch.empty(4, dtype=dtype, device=t.device)
+            out.copy_(t)
+            compiled = torch.compile(lambda a: a.to(dtype), backend="tpu" if t.device.type == "tpu" else "eager")
+            results = t.to(dtype).cpu(), out.cpu(), compiled(t).cpu()
+        return results, [w for w in seen if not issubclass(w.category, UserWarning)]
+
+    (expected, _), (got, jax_warnings) = run(cpu), run(cpu.to("tpu"))
+    for a, b in zip(got, expected):
+        assert torch.equal(a, b)
+    assert not jax_warnings, [str(w.message) for w in jax_warnings]

@@ -482,7 +482,7 @@ def _make_trace(spec, lowering, key_args, slots, slot_dtypes, passed, input_slot
             for value in results[:n_fresh]:
                 fresh.extend(value if isinstance(value, (list, tuple)) else [value])
             fresh_buffers = [
-                strided.to_flat(jnp.broadcast_to(jnp.asarray(v).astype(dtypes.to_jax(m.dtype)), m.sizes), m.strides)
+                strided.to_flat(jnp.broadcast_to(dtypes.cast(jnp.asarray(v), dtypes.to_jax(m.dtype)), m.sizes), m.strides)
                 for v, m in zip(fresh, outputs) if m is not None
             ]
             for arg_index, value in zip(writes, results[n_fresh:]):
@@ -515,7 +515,7 @@ def _cast(value, dtype):
         return None
     if isinstance(value, list):
         return [_cast(v, dtype) for v in value]
-    return jnp.asarray(value).astype(dtype) if hasattr(value, "dtype") else jnp.asarray(value, dtype)
+    return dtypes.cast(jnp.asarray(value), dtype) if hasattr(value, "dtype") else jnp.asarray(value, dtype)
 
 
 def _as_list(result, expected: int, spec: OpSpec) -> list:

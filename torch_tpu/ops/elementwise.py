@@ -459,4 +459,4 @@ def logit_backward(grad, x, eps=None):
 def convert_element_type(a, dtype):
     from torch_tpu.runtime import dtypes
 
-    return a.astype(dtypes.to_jax(dtype))
+    return dtypes.cast(a, dtypes.to_jax(dtype))

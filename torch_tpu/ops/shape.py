@@ -8,11 +8,12 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from torch_tpu.ops.registry import aten, lowers
+from torch_tpu.runtime import dtypes
 
 
 @lowers(aten.copy.default)
 def copy(x, src, non_blocking=False):
-    return jnp.broadcast_to(src.astype(x.dtype), x.shape)
+    return jnp.broadcast_to(dtypes.cast(src, x.dtype), x.shape)
 
 
 @lowers(aten.clone.default)

@@ -47,6 +47,16 @@ def to_numpy(dtype: torch.dtype) -> np.dtype:
 to_jax = to_numpy  # JAX accepts NumPy (and ml_dtypes) dtypes directly
 
 
+def cast(value, dtype):
+    """`value.astype(dtype)` with PyTorch's complex-to-real rule: the real part (bool: nonzero), where
+    JAX's astype warns that it will refuse such casts."""
+    import jax.numpy as jnp
+
+    if jnp.iscomplexobj(value) and not jnp.issubdtype(dtype, jnp.complexfloating):
+        value = value != 0 if jnp.dtype(dtype) == jnp.bool_ else jnp.real(value)
+    return value.astype(dtype)
+
+
 def to_torch(dtype) -> torch.dtype:
     return _NUMPY_TO_TORCH[np.dtype(dtype)]
 
