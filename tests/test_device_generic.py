@@ -326,3 +326,33 @@ def test_legacy_typed_storages_of_tpu_tensors():
     made = torch.tpu.BFloat16Storage([1.0, 2.5])
     assert (made.device.type, made.dtype, made.tolist()) == ("tpu", torch.bfloat16, [1.0, 2.5])
     assert torch.tpu.FloatStorage(4).size() == 4
+
+
+def test_dlpack_round_trips_share_whole_storages_and_copy_views():
+    """torch.from_dlpack / to_dlpack / __dlpack__ of tpu tensors (kDLExtDev capsules): a tensor that spans
+    its storage is shared (a write through the import shows in the export), a view of part of a storage
+    comes back as a copy of its values, copy=False for such a view and a tensor requiring grad raise
+    BufferError, and a cross-device import copies; every value against the CPU tensor."""
+    from torch.utils.dlpack import DLDeviceType, from_dlpack, to_dlpack
+
+    cpu = torch.arange(12, dtype=torch.float32)
+    x = cpu.to("tpu")
+    assert x.__dlpack_device__() == (DLDeviceType.kDLExtDev, 0)
+    shared = torch.from_dlpack(x)
+    assert shared.device == x.device and shared.data_ptr() == x.data_ptr()
+    shared[0] = 100.0
+    cpu[0] = 100.0
+    assert torch.equal(x.cpu(), cpu)
+    transposed = torch.from_dlpack(x.view(3, 4).t())  # spans the storage: shared, strides kept
+    assert transposed.stride() == (1, 4) and torch.equal(transposed.cpu(), cpu.view(3, 4).t())
+    head, tail = from_dlpack(to_dlpack(x[:5])), torch.from_dlpack(x[2:])
+    assert torch.equal(head.cpu(), cpu[:5]) and torch.equal(tail.cpu(), cpu[2:])
+    head.add_(1)  # a copy: the exported storage is unchanged
+    assert torch.equal(x.cpu(), cpu)
+    with pytest.raises(BufferError, match="without a copy"):
+        x[2:].__dlpack__(copy=False)
+    with pytest.raises(BufferError, match="require gradient"):
+        torch.from_dlpack(torch.ones(2, device="tpu", requires_grad=True))
+    del x, shared
+    assert torch.equal(transposed.cpu(), cpu.view(3, 4).t())  # the capsule keeps the storage alive
+    assert torch.equal(torch.from_dlpack(transposed, device="cpu"), cpu.view(3, 4).t())

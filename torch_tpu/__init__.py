@@ -18,7 +18,7 @@ __version__ = "0.1.0"
 
 
 def _register_backend() -> None:
-    from torch_tpu import autocast, profiler, streams
+    from torch_tpu import autocast, dlpack, profiler, streams
     from torch_tpu import device as device_module
     from torch_tpu.eager import kernels
     from torch_tpu.runtime import platform, storage
@@ -30,6 +30,7 @@ def _register_backend() -> None:
     _native.register_hooks()
     _native.set_runtime_callbacks(streams)  # the device guard's synchronize, events, memory info
     profiler.install()  # torch.profiler device rows (Kineto PrivateUse1 profiler)
+    dlpack.install()  # torch.from_dlpack / to_dlpack of tpu tensors (kDLExtDev capsules)
     _native.set_init_callback(platform.count_for_torch)
     device_module._start_on_own_device()  # torchrun's LOCAL_RANK: tpu:{LOCAL_RANK} is this process's device
     if hasattr(_native, "set_resize_callback"):  # a shim built before storage resize_ support lacks it
