@@ -1342,3 +1342,40 @@ def test_complex_to_real_casts_keep_the_real_part_without_jax_warnings(dtype):
     for a, b in zip(got, expected):
         assert torch.equal(a, b)
     assert not jax_warnings, [str(w.message) for w in jax_warnings]
+
+
+def test_segment_reduce_nan_gradients_and_unsafe_checks_match_cpu():
+    """torch._segment_reduce: a NaN takes the gradient of max/min (and ties split only positive
+    gradients), NaNs and zeros take the product of the others in prod's gradient, for lengths and
+    offsets, 1-D and 2-D; unsafe=False reads the lengths at the call and raises as CPU does."""
+    data_1d = [1.0, float("nan"), 3.0, 4.0, 5.0, 5.0, 0.0, -2.0, 0.0]
+    lengths_1d = [1, 2, 3, 0, 3]
+    cases = [(torch.tensor(data_1d), torch.tensor(lengths_1d), 0),
+             (torch.tensor([data_1d, data_1d[::-1]]).t().contiguous(), torch.tensor(lengths_1d), 0),
+             (torch.tensor([data_1d, data_1d[::-1]]), torch.tensor([lengths_1d, [2, 2, 2, 3, 0]]), 1)]
+    for data, lengths, axis in cases:
+        offsets = torch.cat([torch.zeros(lengths.shape[:-1] + (1,), dtype=lengths.dtype), lengths.cumsum(-1)], -1)
+        for reduce in ("max", "min", "prod", "mean", "sum"):
+            for initial in (None, 2.0):
+                for kind, value in (("lengths", lengths), ("offsets", offsets)):
+                    results = []
+                    for device in ("cpu", "tpu"):
+                        x = data.detach().to(device).requires_grad_(True)
+                        out = torch._segment_reduce(x, reduce, axis=axis, unsafe=False, initial=initial,
+                                                    **{kind: value.to(device)})
+                        (out * torch.linspace(-1, 2, out.numel()).to(device).view(out.shape)).sum().backward()
+                        results.append((out.detach().cpu(), x.grad.cpu()))
+                    for got, expected in zip(results[1], results[0]):
+                        torch.testing.assert_close(got, expected, equal_nan=True, msg=f"{reduce} {initial} {kind} {axis}")
+    data = torch.arange(6.0)
+    for lengths, message in (([0, 2, 3, 0], "Expected all rows of lengths along axis"),
+                             ([1, -1, 6], "lengths contains negative value")):
+        for device in ("cpu", "tpu"):
+            with pytest.raises(RuntimeError, match=message):
+                torch._segment_reduce(data.to(device), "sum", lengths=torch.tensor(lengths, device=device), unsafe=False)
+    nd = torch.arange(12.0).reshape(2, 6).to("tpu")
+    with pytest.raises(RuntimeError, match="Expected all rows of lengths along axis"):
+        torch._segment_reduce(nd, "sum", lengths=torch.tensor([[0, 3, 3, 0], [2, 3, 0, 0]], device="tpu"), axis=1,
+                              unsafe=False)
+    out = torch._segment_reduce(data.to("tpu"), "sum", lengths=torch.tensor([0, 2, 4], device="tpu"), unsafe=True)
+    assert out.cpu().tolist() == [0.0, 1.0, 14.0]

@@ -448,7 +448,18 @@ def _segment_index(ids, axis):
     return tuple(grids) + (ids,)
 
 
-@lowers(aten.segment_reduce.default, static_scalars=True)
+def _segment_host_check(data, reduce, lengths=None, indices=None, offsets=None, axis=0, unsafe=False, initial=None):
+    # unsafe=False asks ATen to read the lengths at the call, on every device (two .item() reads)
+    if unsafe or lengths is None:
+        return
+    if lengths.numel() and int(lengths.min()) < 0:
+        raise RuntimeError("lengths contains negative value!")
+    if not bool((lengths.sum(-1) == data.size(axis)).all()):
+        raise RuntimeError("segment_reduce(): Expected all rows of lengths along axis to sum to "
+                           "data.size(lengths.dim()-1) when !unsafe.")
+
+
+@lowers(aten.segment_reduce.default, static_scalars=True, host_check=_segment_host_check)
 def segment_reduce(data, reduce, lengths=None, indices=None, offsets=None, axis=0, unsafe=False, initial=None):
     axis = axis % data.ndim
     ids, lengths = _segment_ids(lengths, offsets, data.shape[axis])
@@ -492,13 +503,21 @@ def segment_reduce_backward(grad, output, data, reduce, lengths=None, offsets=No
         count = jnp.maximum(lengths, 1).astype(data.dtype)
         return g / count[where].reshape(ids.shape + trailing)
     if reduce in ("max", "min"):
-        hit = data == out
-        ties = jnp.zeros(output.shape, data.dtype).at[where].add(hit.astype(data.dtype))[where]
-        return jnp.where(hit, g / jnp.where(ties == 0, 1, ties), 0)
+        # ATen's rule: NaNs and the elements equal to the result take the gradient; where two or more
+        # do, the positive gradients (only those) are split among them
+        hit = (data == out) | jnp.isnan(data)
+        ties = jnp.zeros(output.shape, jnp.int64).at[where].add(hit.astype(jnp.int64))[where]
+        split = (ties >= 2) & (g > 0)
+        return jnp.where(hit, jnp.where(split, g / jnp.where(split, ties, 1).astype(data.dtype), g), 0)
     if reduce == "prod":
-        zero = data == 0
-        zeros = jnp.zeros(output.shape, jnp.int64).at[where].add(zero.astype(jnp.int64))[where]
+        # NaNs and zeros take the product of the segment's other elements (ATen computes it for them
+        # explicitly): the non-special ones' product when they are alone, else 0 or NaN from the others
+        special = (data == 0) | jnp.isnan(data)
+        count = lambda mask: jnp.zeros(output.shape, jnp.int64).at[where].add(mask.astype(jnp.int64))[where]
+        specials, nans = count(special), count(jnp.isnan(data))
         start = jnp.ones(output.shape, data.dtype) if initial is None else jnp.full(output.shape, initial, data.dtype)
-        others = start.at[where].multiply(jnp.where(zero, 1, data))[where]  # product of the non-zeros
-        return jnp.where(zero, jnp.where(zeros == 1, g * others, 0), g * out / jnp.where(zero, 1, data))
+        others = start.at[where].multiply(jnp.where(special, 1, data))[where]  # product of the non-special ones
+        other_nan = (nans - jnp.isnan(data).astype(jnp.int64)) > 0
+        exclusive = jnp.where(specials == 1, others, jnp.where(other_nan, jnp.nan, others * 0))
+        return jnp.where(special, g * exclusive, g * out / jnp.where(special, 1, data))
     raise NotImplementedError(f"segment_reduce backward: reduce={reduce!r}")
