@@ -443,6 +443,11 @@ EMBEDDING_BAG = [
          randn(10, 3), torch.tensor([1, 2, 4, 5, 4, 3, 2, 9]), torch.tensor([0, 2, 2, 5]), randn(8)),
     case("embedding_bag-last_offset", lambda w, i, o: F.embedding_bag(i, w, o, mode="mean", include_last_offset=True),
          randn(10, 3), torch.tensor([1, 2, 4, 5, 4, 3, 2, 9]), torch.tensor([0, 2, 2, 5, 8])),
+    case("embedding_bag-max-last_offset",
+         lambda w, i, o: F.embedding_bag(i, w, o, mode="max", include_last_offset=True),
+         randn(10, 3), torch.tensor([3, 1, 1, 1, 4, 0]), torch.tensor([0, 0, 3, 3, 6, 6])),
+    case("embedding_bag-empty-input", lambda w, i, o: F.embedding_bag(i, w, o, mode="sum"),
+         randn(10, 3), torch.tensor([], dtype=torch.int64), torch.tensor([0, 0])),
     case("embedding_bag-2d-input", lambda w, i: F.embedding_bag(i, w, mode="max"), randn(10, 3), labels(10, 4, 3)),
     case("embedding_bag-module", lambda w, i: nn.EmbeddingBag.from_pretrained(w, freeze=False)(i), randn(10, 3),
          labels(10, 4, 3)),
@@ -479,6 +484,29 @@ def test_embedding_bag_scale_grad_by_freq(mode):
     expected.backward(g)
     actual.backward(g.to("tpu"))
     torch.testing.assert_close(w_tpu.grad.cpu(), w_cpu.grad)
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean"])
+def test_embedding_bag_sparse_gradient_matches_cpu(mode):
+    """EmbeddingBag(sparse=True) gives a sparse COO gradient on tpu, as ATen's composite sparse backward does
+    on CPU (per-sample weights, padding_idx), and an SGD step applies it."""
+    indices, offsets = torch.tensor([1, 2, 4, 5, 4, 3, 2, 9]), torch.tensor([0, 2, 2, 5])
+    weights = torch.randn(8) if mode == "sum" else None
+    results = []
+    for device in ("cpu", "tpu"):
+        torch.manual_seed(0)
+        bag = nn.EmbeddingBag(10, 3, mode=mode, sparse=True, padding_idx=4).to(device)
+        opt = torch.optim.SGD(bag.parameters(), lr=0.5)
+        out = bag(indices.to(device), offsets.to(device),
+                  per_sample_weights=None if weights is None else weights.to(device))
+        (out * torch.arange(12.0).view(4, 3).to(device)).sum().backward()
+        grad = bag.weight.grad
+        assert grad.layout == torch.sparse_coo and grad.device.type == device
+        dense = grad.to_dense().cpu()
+        opt.step()
+        results.append((out.detach().cpu(), dense, bag.weight.detach().cpu()))
+    for got, expected in zip(results[1], results[0]):
+        torch.testing.assert_close(got, expected)
 
 
 def test_embedding_max_norm_renormalizes_weight_in_place():

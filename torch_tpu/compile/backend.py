@@ -140,7 +140,14 @@ def _randn(size, *, generator=None, dtype=None, layout=None, device=None, pin_me
     return aten.normal_functional.default(empty, generator=generator)
 
 
+def _embedding_bag_backward(*args, **kwargs):
+    from torch_tpu.ops import nn  # its eager kernel routes to the dense (lowered) or the sparse backward
+
+    return nn.embedding_bag_backward(*args, **kwargs)
+
+
 _OWN = {
+    aten._embedding_bag_backward.default: _embedding_bag_backward,
     aten.full_like.default: _full_like,
     aten.rand_like.default: _rand_like,
     aten.randn_like.default: _randn_like,

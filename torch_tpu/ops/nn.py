@@ -145,7 +145,8 @@ def _bags(indices, offsets, include_last_offset, padding_idx):
 def embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=_SUM, sparse=False,
                   per_sample_weights=None, include_last_offset=False, padding_idx=-1):
     ok = (indices >= 0) & (indices < weight.shape[0])
-    checks.require(ok, checks.EMBEDDING_BAG, indices, jnp.argmax(~ok.reshape(-1)), weight.shape[0])
+    first_bad = jnp.argmax(~ok.reshape(-1)) if indices.size else 0  # (argmax of nothing is an error)
+    checks.require(ok, checks.EMBEDDING_BAG, indices, first_bad, weight.shape[0])
     n_bags, bag, valid = _bags(indices, offsets, include_last_offset, padding_idx)
     rows = jnp.take(_opmath(weight), indices, axis=0)
     count = jax.ops.segment_sum(valid.astype(jnp.int64), bag, n_bags)
@@ -175,7 +176,7 @@ def _embedding_bag_grad(grad, indices, offset2bag, bag_size, maximum_indices, nu
     g = _opmath(grad)
     valid = indices != padding_idx if padding_idx >= 0 else jnp.ones(indices.shape, bool)
     if mode == _MAX:
-        keep = (bag_size > 0)[:, None]
+        keep = (bag_size[:g.shape[0]] > 0)[:, None]  # include_last_offset: one more size than bags
         columns = jnp.broadcast_to(jnp.arange(g.shape[1])[None, :], g.shape)
         out = jnp.zeros((num_weights, g.shape[1]), g.dtype).at[maximum_indices, columns].add(jnp.where(keep, g, 0))
     else:
@@ -200,13 +201,15 @@ def embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_in
                                mode, per_sample_weights, padding_idx)
 
 
-@lowers(aten._embedding_bag_backward.default)
+@kernel(aten._embedding_bag_backward.default)
 def embedding_bag_backward(grad, indices, offsets, offset2bag, bag_size, maximum_indices, num_weights,
                            scale_grad_by_freq, mode, sparse, per_sample_weights, padding_idx=-1):
+    """ATen's routing: sparse=True to its composite sparse backward (a sparse COO gradient), else the dense one."""
     if sparse:
-        raise NotImplementedError("embedding_bag(sparse=True): sparse gradients are not supported on 'tpu'")
-    return _embedding_bag_grad(grad, indices, offset2bag, bag_size, maximum_indices, num_weights, scale_grad_by_freq,
-                               mode, per_sample_weights, padding_idx)
+        return aten._embedding_bag_sparse_backward(grad, indices, offsets, offset2bag, bag_size, num_weights,
+                                                   scale_grad_by_freq, mode, per_sample_weights, padding_idx)
+    return aten._embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_indices, num_weights,
+                                              scale_grad_by_freq, mode, per_sample_weights, padding_idx)
 
 
 @lowers(aten._embedding_bag_per_sample_weights_backward.default)
