@@ -826,3 +826,49 @@ def test_ops_without_meta_kernels_keep_pytorch_dtypes():
     cpu_out = lstm(torch.randn(5, 2, 3).bfloat16())[0]
     tpu_out = copy.deepcopy(lstm).to("tpu")(torch.randn(5, 2, 3).bfloat16().to("tpu"))[0]
     assert tpu_out.dtype == cpu_out.dtype == torch.bfloat16
+
+
+def _forward_backward(fn, x, device):
+    x = x.detach().to(device).requires_grad_(True)
+    out = fn(x)
+    out = out[0] if isinstance(out, tuple) else out
+    out.sum().backward()
+    return out.detach().cpu(), x.grad.cpu()
+
+
+@pytest.mark.parametrize("name,fn,shape", [
+    ("max_pool2d-batch0", lambda x: F.max_pool2d(x, 2), (0, 3, 6, 4)),
+    ("adaptive_max_pool1d-batch0", lambda x: F.adaptive_max_pool1d(x, 3), (0, 3, 7)),
+    ("adaptive_avg_pool2d-batch0", lambda x: F.adaptive_avg_pool2d(x, (3, 2)), (0, 3, 5, 5)),
+    ("fractional_max_pool2d-batch0", lambda x: F.fractional_max_pool2d(x, 2, output_size=(3, 2)), (0, 3, 6, 4)),
+    ("fractional_max_pool2d-out0", lambda x: F.fractional_max_pool2d(x, (1, 2), output_size=(0, 1)), (3, 6, 4)),
+    ("fractional_max_pool3d-out0", lambda x: F.fractional_max_pool3d(x, 1, output_size=(0, 1, 1)), (2, 3, 3, 3)),
+    ("max_unpool1d-batch0", lambda x: F.max_unpool1d(*F.max_pool1d(x, 2, return_indices=True), 2), (0, 3, 6)),
+])
+def test_pools_of_empty_batches_and_sizes_match_cpu(name, fn, shape):
+    """Pools (and their backward) of an empty batch or to an empty output size: CPU's shapes and values."""
+    x = torch.randn(shape)
+    torch.manual_seed(0)
+    expected = _forward_backward(fn, x, "cpu")
+    torch.manual_seed(0)
+    got = _forward_backward(fn, x, "tpu")
+    for a, b in zip(got, expected):
+        assert a.shape == b.shape
+        torch.testing.assert_close(a, b)
+
+
+def test_adaptive_pools_refuse_integers_and_empty_gradients_as_cpu():
+    """Adaptive pools refuse integer inputs (CPU and CUDA dispatch floating types only), and
+    adaptive_avg_pool backward refuses an empty non-batch gradient with ATen's message."""
+    for fn in (F.adaptive_avg_pool2d, F.adaptive_max_pool2d, F.adaptive_avg_pool3d, F.adaptive_max_pool3d):
+        x = torch.arange(64).view(1, 4, 4, 4)
+        with pytest.raises(NotImplementedError, match="not implemented for 'Long'"):
+            fn(x, 2)
+        with pytest.raises(NotImplementedError, match="not implemented for 'Long'"):
+            fn(x.to("tpu"), 2)
+    for device in ("cpu", "tpu"):
+        x = torch.randn(1, 4, 5, 5, device=device, requires_grad=True)
+        out = F.adaptive_avg_pool2d(x, 0)
+        assert out.shape == (1, 4, 0, 0)
+        with pytest.raises(RuntimeError, match=r"grad_output has sizes \[1, 4, 0, 0\] with dimension 2 being empty"):
+            out.sum().backward()

@@ -17,6 +17,7 @@ import numpy as np
 from jax import lax
 
 from torch_tpu.ops.registry import aten, lowers, register
+from torch_tpu.runtime import dtypes
 
 
 def _expand(values, nd, default=None):
@@ -52,8 +53,8 @@ def _scatter_planes(grad, indices, plane_shape):
     nd = len(plane_shape)
     lead = grad.shape[:grad.ndim - nd]
     b = math.prod(lead)
-    g = grad.reshape(b, -1)
-    i = indices.reshape(b, -1)
+    g = grad.reshape(b, math.prod(grad.shape[len(lead):]))  # (no -1: b may be 0)
+    i = indices.reshape(g.shape)
     out = jnp.zeros((b, math.prod(plane_shape)), g.dtype).at[jnp.arange(b)[:, None], i].add(g)
     return out.reshape(*lead, *plane_shape)
 
@@ -163,12 +164,19 @@ def _adaptive_windows(x, output_size, fill):
     for _, v in bins[1:]:
         valid = valid[..., None, None] & v
     valid = np.transpose(valid, [2 * i for i in range(nd)] + [2 * i + 1 for i in range(nd)]).reshape(
-        tuple(output_size) + (-1,))
+        tuple(output_size) + (w.shape[-1],))  # (no -1: an output size may be 0)
     return jnp.where(jnp.asarray(valid), w, jnp.asarray(fill, x.dtype)), bins
+
+
+def _floating_only(kind, x, output_size):
+    # ATen's adaptive pools dispatch floating types only, on CPU and CUDA alike
+    if not jnp.issubdtype(x.dtype, jnp.inexact):
+        raise dtypes.not_implemented(f"adaptive_{kind}_pool{len(output_size)}d", dtypes.to_torch(x.dtype))
 
 
 @lowers(aten._adaptive_avg_pool2d.default, aten._adaptive_avg_pool3d.default)
 def adaptive_avg_pool(x, output_size):
+    _floating_only("avg", x, output_size)
     acc = jnp.float32 if x.dtype in (jnp.bfloat16, jnp.float16) else x.dtype
     windows, bins = _adaptive_windows(x.astype(acc), tuple(output_size), 0)
     count = np.ones((), np.int64)
@@ -178,6 +186,11 @@ def adaptive_avg_pool(x, output_size):
 
 
 def adaptive_avg_pool_backward(nd, grad, x):
+    for dim in range(1, grad.ndim):  # ATen's shape check (CPU and CUDA); the batch dim may be empty
+        if grad.shape[dim] == 0:
+            raise RuntimeError(
+                f"adaptive_avg_pool{nd}d_backward(): Expected grad_output to have non-zero size for non-batch "
+                f"dimensions, but grad_output has sizes {list(grad.shape)} with dimension {dim} being empty")
     acc = jnp.float32 if x.dtype in (jnp.bfloat16, jnp.float16) else x.dtype
     output_size = grad.shape[grad.ndim - nd:]
     return jax.vjp(lambda a: adaptive_avg_pool(a, output_size), jnp.zeros(x.shape, acc))[1](grad.astype(acc))[0]
@@ -186,6 +199,7 @@ def adaptive_avg_pool_backward(nd, grad, x):
 @lowers(aten.adaptive_max_pool2d.default, aten.adaptive_max_pool3d.default)
 def adaptive_max_pool(x, output_size):
     output_size = tuple(output_size)
+    _floating_only("max", x, output_size)
     nd = len(output_size)
     lead = x.ndim - nd
     windows, bins = _adaptive_windows(x, output_size, _lowest(x.dtype))
@@ -221,7 +235,8 @@ def _unpool(x, indices, output_size):
     lead = x.shape[:x.ndim - nd]
     b = math.prod(lead)
     out = jnp.zeros((b, math.prod(output_size)), x.dtype)
-    out = out.at[jnp.arange(b)[:, None], indices.reshape(b, -1)].set(x.reshape(b, -1))
+    plane = math.prod(x.shape[len(lead):])  # (no -1 in the reshapes: b may be 0)
+    out = out.at[jnp.arange(b)[:, None], indices.reshape(b, plane)].set(x.reshape(b, plane))
     return out.reshape(*lead, *output_size)
 
 
@@ -241,8 +256,8 @@ for _nd in (2, 3):
 # ---------------------------------------------------------------- fractional max pool
 def _fractional_starts(samples, n, o, k):
     """PyTorch's generate_intervals: pseudo-random window starts from a sample in [0, 1), per plane."""
-    if o == 1:
-        return jnp.full(samples.shape + (1,), n - k, jnp.int64)
+    if o <= 1:
+        return jnp.full(samples.shape + (o,), n - k, jnp.int64)
     alpha = jnp.asarray(n - k, samples.dtype) / jnp.asarray(o - 1, samples.dtype)
     i = jnp.arange(o - 1, dtype=samples.dtype)
     starts = ((i + samples[..., None]) * alpha).astype(jnp.int64) - (samples * alpha).astype(jnp.int64)[..., None]
@@ -266,7 +281,8 @@ def fractional_max_pool(nd, x, kernel_size, output_size, random_samples):
         shape[2 + dim], shape[2 + nd + dim] = o, k
         flat = flat + positions.reshape(shape) * math.prod(sizes[dim + 1:])
     flat = flat.reshape(n, c, math.prod(output_size), math.prod(kernel))
-    windows = jnp.take_along_axis(x4.reshape(n, c, -1), flat.reshape(n, c, -1), axis=2).reshape(flat.shape)
+    windows = jnp.take_along_axis(x4.reshape(n, c, math.prod(sizes)), flat.reshape(n, c, math.prod(flat.shape[2:])),
+                                  axis=2).reshape(flat.shape)
     best = jnp.argmax(windows, axis=-1)[..., None]
     values = jnp.take_along_axis(windows, best, axis=-1)[..., 0].reshape((n, c) + tuple(output_size))
     index = jnp.take_along_axis(flat, best, axis=-1)[..., 0].reshape((n, c) + tuple(output_size))
