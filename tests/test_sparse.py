@@ -362,3 +362,60 @@ def test_sparse_mask_and_its_projection_match_cpu(coalesced):
     x.sparse_mask(mask).to_dense().pow(2).sum().backward()
     xt.sparse_mask(mask.to("tpu")).to_dense().pow(2).sum().backward()
     torch.testing.assert_close(xt.grad.cpu(), x.grad)
+
+
+@pytest.mark.parametrize("coalesced", [True, False])
+def test_coo_csr_conversions_match_cpu(coalesced):
+    """COO -> CSR (`to_sparse_csr`, `to_sparse(layout=...)`; an uncoalesced tensor is coalesced first) and
+    CSR -> COO (`to_sparse()`, `to_sparse(2)`), against CPU."""
+    x = _dense((5, 6), seed=13)
+    x[1] = 0
+    coo = _uncoalesced(9, size=(5, 6)) if not coalesced else x.to_sparse()
+    assert_same_csr(coo.to("tpu").to_sparse_csr(), coo.to_sparse_csr(), exact=False)
+    assert_same_csr(coo.to("tpu").to_sparse(layout=torch.sparse_csr), coo.to_sparse(layout=torch.sparse_csr), exact=False)
+    csr = x.to_sparse_csr()
+    for got, expected in ((csr.to("tpu").to_sparse(), csr.to_sparse()), (csr.to("tpu").to_sparse(2), csr.to_sparse(2))):
+        assert got.layout == torch.sparse_coo and got.is_coalesced() == expected.is_coalesced()
+        assert torch.equal(got._indices().cpu(), expected._indices()) and torch.equal(got._values().cpu(), expected._values())
+    with pytest.raises(RuntimeError, match="sparse_dim argument !=2"):
+        csr.to("tpu").to_sparse(1)
+
+
+@pytest.mark.parametrize("case", range(5))
+def test_sparse_broadcast_to_matches_cpu(case):
+    """torch._sparse_broadcast_to (masked ops broadcast sparse masks with it): new and size-1 sparse dims,
+    dense dims, entry order and the coalesced flag as on CPU."""
+    bool_mask = torch.tensor([[True, False, True]]).to_sparse()
+    s, size = [
+        (torch.sparse_coo_tensor(torch.tensor([[0, 0, 0], [0, 2, 1]]), torch.tensor([1.0, 2, 3]), (1, 3)), (2, 2, 3)),
+        (torch.sparse_coo_tensor(torch.tensor([[0, 1]]), torch.tensor([[1.0, 2], [3, 4]]), (2, 2)), (3, 2, 2)),
+        (torch.sparse_coo_tensor(torch.tensor([[0, 1]]), torch.tensor([[1.0], [3]]), (2, 1)), (2, 4)),
+        (bool_mask, (2, 3)),
+        (bool_mask, (1, 3)),
+    ][case]
+    expected, got = torch._sparse_broadcast_to(s, size), torch._sparse_broadcast_to(s.to("tpu"), size)
+    assert (got.shape, got.sparse_dim(), got.is_coalesced()) == (expected.shape, expected.sparse_dim(), expected.is_coalesced())
+    assert torch.equal(got._indices().cpu(), expected._indices()) and torch.equal(got._values().cpu(), expected._values())
+    with pytest.raises(RuntimeError, match="does not broadcast over the requested shape"):
+        torch._sparse_broadcast_to(bool_mask.to("tpu"), (2, 4))
+
+
+def test_csr_sum_prod_and_masked_reductions_with_sparse_masks_match_cpu():
+    """`_sparse_csr_sum`/`_sparse_csr_prod` and `torch.sum(csr, dim, keepdim=True)` (over stored entries),
+    and torch.masked reductions whose mask is sparse COO or CSR, against CPU."""
+    x = torch.tensor([[0.0, 2, 0, 0], [0, 0, 0, 0], [1, 0, 5, 3]])
+    for dims in ([0], [1], [0, 1], [-1]):
+        for op in (torch.ops.aten._sparse_csr_sum.dim_dtype, torch.ops.aten._sparse_csr_prod.dim_dtype):
+            assert_same_csr(op(x.to("tpu").to_sparse_csr(), dims, True), op(x.to_sparse_csr(), dims, True))
+        assert_same_csr(torch.sum(x.to("tpu").to_sparse_csr(), dims, keepdim=True),
+                        torch.sum(x.to_sparse_csr(), dims, keepdim=True))
+    with pytest.raises(RuntimeError, match="keepdim=False is unsupported"):
+        torch.ops.aten._sparse_csr_sum.dim_dtype(x.to("tpu").to_sparse_csr(), [0], False)
+    data = _dense((3, 4), seed=14)
+    dense_mask = torch.tensor([[True, False, True, True], [False, False, True, False], [True, True, False, True]])
+    for mask in (dense_mask.to_sparse(), dense_mask.to_sparse_csr()):
+        for name in ("sum", "prod", "amax", "amin", "mean"):
+            fn = getattr(torch.masked, name)
+            expected = fn(data, 1, keepdim=True, mask=mask)
+            got = fn(data.to("tpu"), 1, keepdim=True, mask=mask.to("tpu"))
+            torch.testing.assert_close(got.cpu(), expected, msg=f"{name} {mask.layout}")

@@ -99,6 +99,38 @@ def _coalesce(s):
     return _make(new_indices, summed, s.shape, True)
 
 
+def _broadcast_to(s, size):
+    """ATen's sparse broadcast: new leading dims and broadcast size-1 sparse dims become sparse dims whose
+    entries repeat each original entry over them (entry-major, row-major over the broadcast dims); dense
+    dims broadcast in the values. (PyTorch's SparseCPU kernel reaches a CPU-only stub for some shapes.)"""
+    size = [int(n) for n in size]
+    extra = len(size) - s.dim()
+    if extra < 0:
+        raise RuntimeError("the requested broadcast shape has fewer dimensions than the input")
+    for i, n in enumerate(s.shape):
+        if n != 1 and n != size[i + extra]:
+            raise RuntimeError(f"The input's length {n} at dimension {i} does not broadcast over the requested "
+                               f"shape of length {size[i + extra]} at dimension {i + extra}")
+    sparse_dim = extra + s.sparse_dim()
+    broadcast = [d for d in range(sparse_dim) if d < extra or (s.shape[d - extra] == 1 and size[d] != 1)]
+    indices, values = s._indices(), s._values()
+    nnz, device = indices.shape[1], indices.device
+    repeats = 1
+    for d in broadcast:
+        repeats *= size[d]
+    rows, after = [], repeats
+    for d in range(sparse_dim):
+        if d in broadcast:  # this dim's coordinate in each of an entry's `repeats` copies
+            after //= size[d]
+            pattern = torch.arange(size[d], device=device).repeat_interleave(after).repeat(repeats // (after * size[d]))
+            rows.append(pattern.repeat(nnz))
+        else:
+            rows.append(indices[d - extra].repeat_interleave(repeats))
+    new_indices = torch.stack(rows) if rows else torch.zeros((0, nnz * repeats), dtype=torch.int64, device=device)
+    new_values = values.expand(nnz, *size[sparse_dim:]).repeat_interleave(repeats, dim=0)
+    return _make(new_indices, new_values, size, s.is_coalesced() and not broadcast)
+
+
 def _dense_to_sparse(x, sparse_dim: int):
     if x.dim() > 0 and not 0 < sparse_dim <= x.dim():
         raise RuntimeError("dense_to_sparse: sparse_dim argument must be in >0 when self.dim()>0" if sparse_dim <= 0
@@ -125,7 +157,24 @@ def _to_sparse_dense(x, *, layout=None, blocksize=None, dense_dim=None):
     return _dense_to_sparse(x, x.dim() - (dense_dim or 0))
 
 
+def _coo_to_csr(s, dense_dim=None):
+    if s.dim() != 2 or s.dense_dim() or dense_dim:
+        raise NotImplementedError("to_sparse_csr: only 2-D tensors with no dense dims are supported on the 'tpu' "
+                                  f"device (got {s.dim()} dims, {s.dense_dim()} dense)")
+    s = s if s.is_coalesced() else _coalesce(s)  # CSR needs row-major sorted, unique entries
+    return _coordinates_to_csr(*s._indices(), s._values(), s.shape)
+
+
+def _coordinates_to_csr(rows, cols, values, shape):
+    """A 2-D CSR tpu tensor from row-major sorted (row, column, value) entries."""
+    counts = torch.zeros(shape[0], dtype=torch.int64, device=values.device).index_add_(0, rows, torch.ones_like(rows))
+    crow = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
+    return torch.sparse_csr_tensor(crow, cols.contiguous(), values, shape, device=values.device)
+
+
 def _to_sparse_sparse(s, *, layout=None, blocksize=None, dense_dim=None):
+    if layout == torch.sparse_csr and blocksize is None:
+        return _coo_to_csr(s, dense_dim)
     if layout not in (None, torch.sparse_coo) or blocksize is not None:
         raise NotImplementedError(f"to_sparse: conversion from SparseCoo to {layout} is not supported on the 'tpu' device")
     if dense_dim is not None and dense_dim != s.dense_dim():
@@ -408,10 +457,53 @@ def _dense_to_csr(x, dense_dim=None):
         raise NotImplementedError("to_sparse_csr: only 2-D tensors with no dense dims are supported on the 'tpu' "
                                   f"device (got {x.dim()} dims, dense_dim={dense_dim})")
     coo = _dense_to_sparse(x, 2)
-    rows, cols = coo._indices()
-    counts = torch.zeros(x.shape[0], dtype=torch.int64, device=x.device).index_add_(0, rows, torch.ones_like(rows))
-    crow = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
-    return torch.sparse_csr_tensor(crow, cols.contiguous(), coo._values(), x.shape, device=x.device)
+    return _coordinates_to_csr(*coo._indices(), coo._values(), x.shape)
+
+
+def _csr_to_coo(s, *, layout=None, blocksize=None, dense_dim=None):
+    if layout == torch.sparse_csr and blocksize is None:
+        return s
+    if layout not in (None, torch.sparse_coo) or blocksize is not None:
+        raise NotImplementedError(f"to_sparse: conversion from SparseCsr to {layout} is not supported on the 'tpu' device")
+    rows, cols, values = _csr_parts(s, "to_sparse")
+    return _make(torch.stack([rows, cols]), values, s.shape, True)  # CSR entries are in row-major order
+
+
+def _csr_to_coo_dim(s, sparse_dim):
+    if sparse_dim != 2:
+        raise RuntimeError("sparse_compressed_to_sparse: conversion from SparseCsr to Sparse with sparse_dim argument !=2 "
+                           "is not supported")
+    return _csr_to_coo(s)
+
+
+def _csr_reduction(kind: str):
+    """`_sparse_csr_sum` / `_sparse_csr_prod` (masked reductions over CSR masks): ATen's rule, over the stored
+    entries only (a prod ignores implicit zeros); the result is CSR with an entry per reduced row or column
+    that holds any, the dims kept."""
+    def kernel(s, dim, keepdim=False, *, dtype=None):
+        if not keepdim:
+            raise RuntimeError("reduction operations on CSR tensors with keepdim=False is unsupported")
+        rows, cols, values = _csr_parts(s, f"_sparse_csr_{kind}")
+        if dtype is None and not (values.dtype.is_floating_point or values.dtype.is_complex):
+            dtype = torch.int64  # sum's and prod's integer promotion
+        values = values.to(dtype or values.dtype)
+        dims = sorted({d % 2 for d in dim})
+        key = cols if dims == [0] else rows if dims == [1] else torch.zeros_like(rows)
+        n = s.shape[1] if dims == [0] else s.shape[0] if dims == [1] else 1
+        shape = (1, s.shape[1]) if dims == [0] else (s.shape[0], 1) if dims == [1] else (1, 1)
+        start = (torch.zeros if kind == "sum" else torch.ones)(n, dtype=values.dtype, device=values.device)
+        reduced = start.index_add(0, key, values) if kind == "sum" else start.index_reduce(0, key, values, "prod")
+        held = torch.zeros(n, dtype=torch.int64, device=values.device).index_add_(0, key, torch.ones_like(key))
+        which = (held > 0).nonzero().squeeze(1)  # the reduced rows/columns that hold entries (sorted)
+        if dims == [1]:
+            crow = torch.cat([held.new_zeros(1), (held > 0).to(torch.int64).cumsum(0)])
+            col = torch.zeros_like(which)
+        else:
+            crow = torch.stack([which.new_zeros(()), which.new_tensor(which.shape[0])])
+            col = which
+        return torch.sparse_csr_tensor(crow, col, reduced[which], shape, device=values.device)
+
+    return kernel
 
 
 def _dense_to_other(layout_name):
@@ -542,6 +634,11 @@ def csr_kernels() -> dict:
     out = {op: _redispatch(op, _SPARSE_CSR_CPU) for op in _CSR_GENERIC}
     out.update({
         aten._to_dense.default: _csr_to_dense,
+        aten._to_sparse.default: _csr_to_coo,
+        aten._sparse_csr_sum.dim_dtype: _csr_reduction("sum"),
+        aten.sum.dim_IntList: _csr_reduction("sum"),  # as ATen's SparseCsrCPU kernel: the same reduction
+        aten._sparse_csr_prod.dim_dtype: _csr_reduction("prod"),
+        aten._to_sparse.sparse_dim: _csr_to_coo_dim,
         aten.sparse_sampled_addmm.default: _sampled_addmm,
         aten._sparse_mm_reduce_impl.default: _mm_reduce,
         aten._sparse_mm_reduce_impl_backward.default: _mm_reduce_backward,
@@ -557,9 +654,11 @@ def sparse_kernels() -> dict:
     out = {op: _redispatch(op) for op in _GENERIC}
     out.update({
         aten._coalesce.default: _coalesce,
+        aten._sparse_broadcast_to.default: _broadcast_to,
         aten._to_dense.default: _to_dense,
         aten._to_sparse.default: _to_sparse_sparse,
         aten._to_sparse.sparse_dim: _to_sparse_dim_sparse,
+        aten._to_sparse_csr.default: _coo_to_csr,
         aten.add.Tensor: _add,
         aten.add_.Tensor: _add_,
         aten.add.out: _add_out,

@@ -459,8 +459,12 @@ def _segment_host_check(data, reduce, lengths=None, indices=None, offsets=None, 
                            "data.size(lengths.dim()-1) when !unsafe.")
 
 
+_REDUCE_ALIASES = {"amax": "max", "amin": "min"}  # ATen's get_reduction_enum takes both spellings
+
+
 @lowers(aten.segment_reduce.default, static_scalars=True, host_check=_segment_host_check)
 def segment_reduce(data, reduce, lengths=None, indices=None, offsets=None, axis=0, unsafe=False, initial=None):
+    reduce = _REDUCE_ALIASES.get(reduce, reduce)
     axis = axis % data.ndim
     ids, lengths = _segment_ids(lengths, offsets, data.shape[axis])
     segments = lengths.shape[-1]
@@ -491,6 +495,7 @@ def segment_reduce(data, reduce, lengths=None, indices=None, offsets=None, axis=
 
 @lowers(aten._segment_reduce_backward.default, static_scalars=True)
 def segment_reduce_backward(grad, output, data, reduce, lengths=None, offsets=None, axis=0, initial=None):
+    reduce = _REDUCE_ALIASES.get(reduce, reduce)
     axis = axis % data.ndim
     ids, lengths = _segment_ids(lengths, offsets, data.shape[axis])
     where = _segment_index(ids, axis)
