@@ -872,3 +872,21 @@ def test_adaptive_pools_refuse_integers_and_empty_gradients_as_cpu():
         assert out.shape == (1, 4, 0, 0)
         with pytest.raises(RuntimeError, match=r"grad_output has sizes \[1, 4, 0, 0\] with dimension 2 being empty"):
             out.sum().backward()
+
+
+@pytest.mark.parametrize("shape,weight", [((2, 0, 7), (12, 0, 3)), ((2, 0, 7, 5), (4, 0, 3, 3)), ((0, 0, 6), (3, 0, 2))])
+def test_convolution_of_an_input_without_channels_matches_cpu(shape, weight):
+    """ATen gives an input with no channels an output with none ((N, 0, *spatial)), and zero gradients
+    for the input, the weight and the bias."""
+    results = []
+    for device in ("cpu", "tpu"):
+        x = torch.randn(shape, device=device, requires_grad=True)
+        w = torch.randn(weight, device=device, requires_grad=True)
+        b = torch.randn(weight[0], device=device, requires_grad=True)
+        out = torch.ops.aten.convolution(x, w, b, (2,) * (len(shape) - 2), (0,) * (len(shape) - 2),
+                                         (1,) * (len(shape) - 2), False, (0,) * (len(shape) - 2), 1)
+        out.sum().backward()
+        results.append([t.detach().cpu() for t in (out, x.grad, w.grad, b.grad)])
+    for got, expected in zip(*results[::-1]):
+        assert got.shape == expected.shape
+        torch.testing.assert_close(got, expected)

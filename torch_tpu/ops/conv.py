@@ -96,6 +96,8 @@ def convolution(x, w, bias, stride, padding, dilation, transposed, output_paddin
         out = _conv_transpose(x, w, stride, padding, dilation, output_padding, groups)
     else:
         out = _conv(x, w, stride, padding, dilation, groups)
+        if x.shape[1] == 0:  # ATen: an input with no channels gives an output with none (and no bias)
+            return out[:, :0].astype(x.dtype)
     if bias is not None:
         out = out + bias.astype(out.dtype).reshape(_bias_shape(out))
     # Rounded once, to the input's dtype (convolution_overrideable has no meta kernel to say so).
@@ -108,6 +110,10 @@ def convolution_backward(grad, x, w, bias_sizes, stride, padding, dilation, tran
     stride, padding, dilation, output_padding = _spatial(x.ndim - 2, stride, padding, dilation, output_padding)
     kernel = w.shape[2:]
     grad_input = grad_weight = grad_bias = None
+    if not transposed and x.shape[1] == 0:  # the output has no channels (see convolution): zero gradients
+        zeros = lambda shape, dtype, wanted: jnp.zeros(shape, dtype) if wanted else None
+        return (zeros(x.shape, x.dtype, output_mask[0]), zeros(w.shape, w.dtype, output_mask[1]),
+                zeros((w.shape[0],), grad.dtype, output_mask[2]))
     if transposed:
         if output_mask[0]:
             # An output_padding >= stride (allowed when < dilation) adds output rows no input reaches.
