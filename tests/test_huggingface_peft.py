@@ -52,6 +52,7 @@ def base():
     return tf.AutoModelForCausalLM.from_config(hf_zoo.shrink("llama")).eval()
 
 
+@pytest.mark.heavy  # two fine-tunes (CPU and tpu) of a tiny Llama (~30 s); the same in both modes
 def test_lora_fine_tune_and_merge_match_cpu(base):
     ids = torch.randint(4, hf_zoo.VOCAB, (2, 12), generator=torch.Generator().manual_seed(3))
     with torch_tpu.precision.use("highest"):
