@@ -419,3 +419,12 @@ def test_csr_sum_prod_and_masked_reductions_with_sparse_masks_match_cpu():
             expected = fn(data, 1, keepdim=True, mask=mask)
             got = fn(data.to("tpu"), 1, keepdim=True, mask=mask.to("tpu"))
             torch.testing.assert_close(got.cpu(), expected, msg=f"{name} {mask.layout}")
+
+
+@pytest.mark.parametrize("coalesced", [True, False])
+def test_conj_of_a_complex_sparse_tensor_matches_cpu(coalesced):
+    """`conj()` (ATen's conj_physical for sparse tensors) conjugates the values and keeps the indices."""
+    s = _uncoalesced(15, dense=(2,)) * (1 + 2j) if not coalesced else (_dense((4, 5), seed=15) * (1 - 3j)).to_sparse()
+    got, expected = s.to("tpu").conj(), s.conj()
+    assert got.is_coalesced() == expected.is_coalesced()
+    assert torch.equal(got._indices().cpu(), expected._indices()) and torch.equal(got._values().cpu(), expected._values())

@@ -46,6 +46,7 @@ _GENERIC = (
     aten.empty.memory_format,
     aten.empty_like.default,
     aten.zero_.default,
+    aten.conj_physical.out,  # conj() of a complex sparse tensor: the values' conj_physical, dispatched to tpu
 )
 
 
