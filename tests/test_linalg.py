@@ -138,3 +138,27 @@ def test_a_resized_out_warns_once_as_on_cpu(fn):
         counts.append(sum("was resized" in str(w.message) for w in caught))
         assert out.shape == (3, 3)
     assert counts == [1, 1]
+
+
+@pytest.mark.parametrize("dtypes", [(torch.int64, torch.bool), (torch.bool, torch.bool), (torch.bool, torch.int64),
+                                    (torch.float32, torch.bool)])
+def test_addr_of_bool_and_integer_operands_matches_cpu(dtypes):
+    """torch.addr promotes its three tensors: bool vectors into an integer or float input are 0/1 factors,
+    and an all-bool addr is (x and beta) or (v1 and v2 and alpha)."""
+    x_dtype, v_dtype = dtypes
+    x = torch.tensor([[2, 0, 1], [1, 1, 0], [0, 3, 1]]).to(x_dtype)
+    v1, v2 = torch.tensor([1, 0, 1]).to(v_dtype), torch.tensor([1, 1, 0]).to(v_dtype)
+    kwargs = {} if torch.bool in (x.dtype, v1.dtype) and x_dtype == v_dtype else dict(beta=2, alpha=3)
+    expected = torch.addr(x, v1, v2, **kwargs)
+    got = torch.addr(x.to("tpu"), v1.to("tpu"), v2.to("tpu"), **kwargs)
+    assert got.dtype == expected.dtype and torch.equal(got.cpu(), expected)
+
+
+@pytest.mark.parametrize("shapes", [((2, 2, 0, 0), (2, 2, 0, 0)), ((2, 2, 3, 0), (2, 2, 3, 2)), ((0, 3), (0, 2))])
+def test_lstsq_of_empty_matrices_matches_cpu(shapes):
+    """linalg.lstsq with an empty dimension gives CPU's zero solution, rank and result shapes."""
+    a, b = torch.rand(shapes[0]), torch.rand(shapes[1])
+    expected = torch.linalg.lstsq(a, b)
+    got = torch.linalg.lstsq(a.to("tpu"), b.to("tpu"))
+    for g, e in zip(got, expected):
+        assert g.shape == e.shape and torch.equal(g.cpu(), e)

@@ -412,7 +412,7 @@ def linalg_lstsq(a, b, rcond=None, driver=None):
     real = jnp.finfo(a.dtype).dtype
     u, s, vh = lax.linalg.svd(a, full_matrices=False)
     cutoff = (jnp.finfo(real).eps * max(m, n)) if rcond is None or rcond < 0 else rcond
-    keep = s > cutoff * jnp.max(s, axis=-1, keepdims=True)
+    keep = s > cutoff * jnp.max(s, axis=-1, keepdims=True, initial=0)  # (initial: s is empty when m or n is 0)
     inverse_s = jnp.where(keep, 1 / jnp.where(keep, s, 1), 0).astype(a.dtype)
     x = _mH(vh) @ (inverse_s[..., None] * (_mH(u) @ rhs))
     rank = jnp.sum(keep, axis=-1).astype(jnp.int64)

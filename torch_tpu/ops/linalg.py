@@ -64,10 +64,11 @@ def addmv(x, a, v, beta=1, alpha=1):
 
 @lowers(aten.addr.default, precision=True)
 def addr(x, v1, v2, beta=1, alpha=1):
-    wide = jnp.float32 if v1.dtype in (jnp.bfloat16, jnp.float16) else v1.dtype
+    dtype = jnp.result_type(x.dtype, v1.dtype, v2.dtype)  # PyTorch promotes the three tensors
+    if dtype == jnp.bool_:  # ATen's bool rule: (x and beta) or (v1 outer-and v2 and alpha)
+        return (x & (jnp.asarray(beta) != 0)) | ((v1[:, None] & v2[None, :]) & (jnp.asarray(alpha) != 0))
+    wide = jnp.float32 if dtype in (jnp.bfloat16, jnp.float16) else dtype
     product = v1.astype(wide)[:, None] * v2.astype(wide)[None, :]
-    if x.dtype == jnp.bool_:
-        return jnp.logical_or(x & bool(beta), (v1[:, None] & v2[None, :]) & bool(alpha))
     return _scaled(x, product, beta, alpha)
 
 
