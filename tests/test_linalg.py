@@ -162,3 +162,15 @@ def test_lstsq_of_empty_matrices_matches_cpu(shapes):
     got = torch.linalg.lstsq(a.to("tpu"), b.to("tpu"))
     for g, e in zip(got, expected):
         assert g.shape == e.shape and torch.equal(g.cpu(), e)
+
+
+@pytest.mark.parametrize("shape", [(5, 3), (2, 3, 5), (4, 4)])
+def test_geqrf_returns_lapacks_column_major_reflectors(shape):
+    """geqrf's reflectors are column-major, as CPU and CUDA return them (callers such as test_ormqr read the layout)."""
+    torch.manual_seed(0)
+    a = torch.randn(*shape)
+    expected = torch.geqrf(a)
+    got = torch.geqrf(a.to("tpu"))
+    for e, g in zip(expected, got):
+        assert g.stride() == e.stride()
+        torch.testing.assert_close(g.cpu(), e, atol=1e-5, rtol=1e-5)

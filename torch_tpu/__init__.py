@@ -26,6 +26,7 @@ def _register_backend() -> None:
     torch.utils.rename_privateuse1_backend("tpu")
     torch.utils.generate_methods_for_privateuse1_backend()
     torch._register_device_module("tpu", device_module)
+    device_module._refuse_storage_slices()  # storage[a:b] of a tpu storage would share no memory
     autocast.set_default_dtype()
     _native.register_hooks()
     _native.set_runtime_callbacks(streams)  # the device guard's synchronize, events, memory info

@@ -401,9 +401,6 @@ def _refuse_storage_slices() -> None:
     torch.UntypedStorage.__getitem__ = __getitem__
 
 
-_refuse_storage_slices()
-
-
 from torch_tpu import pallas  # noqa: E402  (torch.tpu.pallas: jax_op, get_pallas_mesh; imports no JAX)
 
 

@@ -320,7 +320,14 @@ def linalg_qr(a, mode="reduced"):
     return q, r
 
 
-@lowers(aten.geqrf.default)
+def _geqrf_meta(a):
+    # LAPACK's layout, as CPU and CUDA return it (ormqr callers read it): column-major reflectors
+    *batch, m, n = a.shape
+    reflectors = a.new_empty((*batch, n, m)).mT
+    return reflectors, a.new_empty((*batch, min(m, n)))
+
+
+@lowers(aten.geqrf.default, meta=_geqrf_meta)
 @_highest
 def geqrf(a):
     h, tau = jnp.linalg.qr(a, mode="raw")  # LAPACK's geqrf, with the reflectors transposed
