@@ -411,6 +411,11 @@ def test_csr_sum_prod_and_masked_reductions_with_sparse_masks_match_cpu():
                         torch.sum(x.to_sparse_csr(), dims, keepdim=True))
     with pytest.raises(RuntimeError, match="keepdim=False is unsupported"):
         torch.ops.aten._sparse_csr_sum.dim_dtype(x.to("tpu").to_sparse_csr(), [0], False)
+    for whole in (x, x.to(torch.int32), torch.zeros(0, 3)):  # torch.sum of all entries: a dense 0-d tensor
+        for dtype in (None, torch.float64):
+            got, expected = whole.to("tpu").to_sparse_csr().sum(dtype=dtype), whole.to_sparse_csr().sum(dtype=dtype)
+            assert got.layout == torch.strided and got.dtype == expected.dtype
+            torch.testing.assert_close(got.cpu(), expected)
     data = _dense((3, 4), seed=14)
     dense_mask = torch.tensor([[True, False, True, True], [False, False, True, False], [True, True, False, True]])
     for mask in (dense_mask.to_sparse(), dense_mask.to_sparse_csr()):

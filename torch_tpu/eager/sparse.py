@@ -638,6 +638,7 @@ def csr_kernels() -> dict:
         aten._to_sparse.default: _csr_to_coo,
         aten._sparse_csr_sum.dim_dtype: _csr_reduction("sum"),
         aten.sum.dim_IntList: _csr_reduction("sum"),  # as ATen's SparseCsrCPU kernel: the same reduction
+        aten.sum.default: lambda s, *, dtype=None: s.values().sum(dtype=dtype),  # a dense 0-d tensor, as ATen's
         aten._sparse_csr_prod.dim_dtype: _csr_reduction("prod"),
         aten._to_sparse.sparse_dim: _csr_to_coo_dim,
         aten.sparse_sampled_addmm.default: _sampled_addmm,
