@@ -32,8 +32,10 @@ XFAIL = {
 
 # Per-entry tolerances: name -> (atol, rtol) for every mode, or (name, mode) -> (atol, rtol).
 TOL: dict = {
-    # Pade approximant + squaring (jax.scipy.linalg.expm) vs PyTorch's Taylor-based degree choice.
-    "matrix_exp": (1e-3, 1e-3),
+    # Norms near 28 take 4 squarings, which scale each product's rounding by the largest entries (9e4): on
+    # OpInfo's samples CPU's float32 result is 5.0e-2 from the float64 one, ours 3.1e-2; small entries differ
+    # by up to 3e-4 between the two.
+    ("matrix_exp", "float32"): (1e-3, 1e-3),
     # Samples hold 1e4: one float32 ulp of the forward (1e-3) is amplified by exp() in PyTorch's backward
     # formula; both results are that far from the exact gradient.
     ("logcumsumexp", "float32_backward"): (1e-2, 1e-3),
