@@ -665,6 +665,8 @@ def test_lstm_packed_sequence():
 FAST_PATH = [
     pytest.param(lambda: nn.MultiheadAttention(8, 2, batch_first=True), {}, id="mha"),
     pytest.param(lambda: nn.MultiheadAttention(8, 2, batch_first=True), {"need_weights": True}, id="mha-weights"),
+    pytest.param(lambda: nn.MultiheadAttention(8, 2, batch_first=True), {"need_weights": False},
+                 id="mha-no-weights"),  # weights None, as CPU's kernel leaves them
     pytest.param(lambda: nn.MultiheadAttention(8, 2, batch_first=True),
                  {"need_weights": True, "average_attn_weights": False}, id="mha-head-weights"),
     pytest.param(lambda: nn.MultiheadAttention(8, 2, batch_first=True), {"key_padding_mask": "padding"},

@@ -166,13 +166,21 @@ def _mha(query, key, value, embed_dim, heads, qkv_weight, qkv_bias, proj_weight,
     return _linear(context, proj_weight, proj_bias), p
 
 
-@lowers(aten._native_multi_head_attention.default, precision=True)
+def _native_mha_meta(*args, **kwargs):
+    # ATen's CPU and CUDA kernels leave the weights undefined (None) without need_weights; its meta kernel
+    # gives an empty tensor
+    out, weights = aten._native_multi_head_attention.default(*args, **kwargs)
+    need_weights = kwargs.get("need_weights", args[10] if len(args) > 10 else True)
+    return out, weights if need_weights else None
+
+
+@lowers(aten._native_multi_head_attention.default, precision=True, meta=_native_mha_meta)
 def native_multi_head_attention(query, key, value, embed_dim, num_head, qkv_weight, qkv_bias, proj_weight, proj_bias,
                                 mask=None, need_weights=True, average_attn_weights=True, mask_type=None):
     out, p = _mha(query, key, value, embed_dim, num_head, qkv_weight, qkv_bias, proj_weight, proj_bias, mask,
                   mask_type)
     if not need_weights:
-        return out, jnp.zeros((0,), out.dtype)
+        return out, None
     return out, jnp.mean(p, axis=1) if average_attn_weights else p
 
 
