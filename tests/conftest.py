@@ -102,10 +102,10 @@ def no_fallback():
         config.fallback = previous
 
 
-# The OpInfo sweep's chunks (tests/test_opinfo.py::test_opinfo_sweep[MODE-KofN]) are pytest-xdist work units of
-# their own under --dist loadfile, so they spread over the workers; every other test keeps one process per file
-# (tests in a file share module state). docs/ops.md: how the sweep is split.
-_OWN_UNIT = "tests/test_opinfo.py::test_opinfo_sweep["
+# The OpInfo sweep's chunks (tests/test_opinfo.py::test_opinfo_sweep[MODE-KofN]) and the error corpus's are
+# pytest-xdist work units of their own under --dist loadfile, so they spread over the workers; every other test
+# keeps one process per file (tests in a file share module state). docs/ops.md: how the sweep is split.
+_OWN_UNIT = ("tests/test_opinfo.py::test_opinfo_sweep[", "tests/test_error_corpus.py::test_error_corpus_raises_pytorchs_types[")
 
 
 @pytest.hookimpl(optionalhook=True)

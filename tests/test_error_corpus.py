@@ -44,11 +44,12 @@ def _chunk(index: int) -> list[dict]:
 
 
 @pytest.mark.heavy
-def test_error_corpus_raises_pytorchs_types():
-    rows = [row for index in range(CHUNKS) for row in _chunk(index)]
-    assert len(rows) > 600  # the corpus was found and run
+@pytest.mark.parametrize("chunk", range(CHUNKS))
+def test_error_corpus_raises_pytorchs_types(chunk):
+    """Chunk `chunk` of the corpus (each its own xdist work unit, tests/conftest.py)."""
+    rows = _chunk(chunk)
+    assert len(rows) > 600 // CHUNKS  # the corpus was found and run (about 650 samples in all)
     misses = {(r["op"], r["index"]): r for r in rows if r["status"] != "same"}
-    rate = 1 - len(misses) / len(rows)
     unexplained = {k: v for k, v in misses.items() if k not in KNOWN}
     assert not unexplained, f"{len(unexplained)} samples differ from PyTorch: {list(unexplained.values())}"
-    assert rate >= 0.99, rate
+    assert 1 - len(misses) / len(rows) >= 0.95
