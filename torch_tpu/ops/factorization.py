@@ -398,7 +398,7 @@ def linalg_eigvals_out(a, out):
 
 
 def _expm(a):
-    """exp(A) by scaling and squaring of its degree-18 Taylor polynomial, as ATen computes it (JAX's expm,
+    """exp(A) by scaling and squaring of a degree-18 Taylor polynomial, a Taylor method like ATen's (JAX's expm,
     a Pade approximant, loses three digits in float32 after squaring). Scaled to a 1-norm of at most theta,
     where the polynomial's truncation error (theta^19 / 19!) is below the dtype's rounding."""
     theta = (float(jnp.finfo(a.dtype).eps) / 2 * math.factorial(19)) ** (1 / 19)
