@@ -423,7 +423,7 @@ def _expm(a):
 @lowers(aten.linalg_matrix_exp.default)
 @_highest
 def linalg_matrix_exp(a):
-    if a.shape[-1] == 0 or a.size == 0:
+    if a.size == 0:
         return a
     wide = a.astype(jnp.float32) if a.dtype in (jnp.bfloat16, jnp.float16) else a  # half products lose the sum
     return _expm(wide).astype(a.dtype)
