@@ -37,6 +37,16 @@ def _highest_precision():
     torch.set_float32_matmul_precision(previous)
 
 
+@pytest.fixture(scope="session")
+def run_compile_cache(tmp_path_factory, worker_id):
+    """A compile-cache directory (level 2) shared by every pytest-xdist worker of this test run: in the run's
+    own temporary root, which pytest prunes with it (it keeps the last 3 runs)."""
+    root = tmp_path_factory.getbasetemp()
+    path = (root.parent if worker_id != "master" else root) / "compile-cache"
+    path.mkdir(mode=0o700, exist_ok=True)
+    return path
+
+
 def to_tpu(tree, device=TPU):
     def move(x):
         if isinstance(x, torch.Tensor):
