@@ -7,7 +7,7 @@ STAMP := $(VENV)/.torch_tpu-installed
 PINS := torch==2.13.0 jax==0.10.2 jaxlib==0.10.2
 # Two pytest workers (pytest-xdist); --dist loadfile keeps each file's tests in one process, in order.
 TEST_WORKERS ?= 2
-PYTEST_FLAGS ?= -n $(TEST_WORKERS) --dist loadfile
+PYTEST_FLAGS ?= -n $(TEST_WORKERS) --dist loadfile --durations=15
 # Extras `make install` installs, resolved together (titan: tests/test_torchtitan.py, heavy).
 EXTRAS ?= test,titan
 

@@ -117,6 +117,19 @@ def no_fallback():
 # keeps one process per file (tests in a file share module state). docs/ops.md: how the sweep is split.
 _OWN_UNIT = ("tests/test_opinfo.py::test_opinfo_sweep[", "tests/test_error_corpus.py::test_error_corpus_raises_pytorchs_types[")
 
+# Units that take minutes, handed out first (longest first, as measured in CI), so that no worker starts one
+# while the other has finished: xdist's own order (most tests first) put the OpInfo quick sweep last in the
+# DeferAndFuse pass, where it ran alone for minutes. The sweep's chunks keep their order (float32 before
+# float32_backward, whose forward programs the shared compile cache then holds).
+_LONG_UNITS = ("tests/test_opinfo.py::test_opinfo_sweep[", "tests/test_error_corpus.py::", "tests/test_huggingface_zoo.py",
+               "tests/test_models.py", "tests/test_nn_ops.py", "tests/test_opinfo.py", "tests/test_huggingface_examples.py",
+               "tests/test_compile.py", "tests/test_distributed.py", "tests/test_defer.py", "tests/test_cache.py",
+               "tests/test_op_regressions.py", "tests/test_training.py")
+
+
+def _long_rank(scope):
+    return next((i for i, prefix in enumerate(_LONG_UNITS) if scope.startswith(prefix)), len(_LONG_UNITS))
+
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
@@ -124,8 +137,17 @@ def pytest_xdist_make_scheduler(config, log):
         return None
     from xdist.scheduler import LoadFileScheduling
 
-    class SweepChunksOwnUnits(LoadFileScheduling):
+    class CIScheduling(LoadFileScheduling):
+        _ordered = False
+
         def _split_scope(self, nodeid):
             return nodeid if nodeid.startswith(_OWN_UNIT) else super()._split_scope(nodeid)
 
-    return SweepChunksOwnUnits(config, log)
+        def _assign_work_unit(self, node):
+            if not self._ordered:  # the work queue is complete before the first unit is handed out
+                self._ordered = True
+                for scope in sorted(self.workqueue, key=_long_rank):  # stable: xdist's order within a rank
+                    self.workqueue.move_to_end(scope)
+            super()._assign_work_unit(node)
+
+    return CIScheduling(config, log)
