@@ -210,14 +210,23 @@ def _batch_norm_grads(grad, x, weight, running_mean, running_var, save_mean, sav
     return grad_input, grad_weight, grad_bias
 
 
-@lowers(aten.native_batch_norm_backward.default)
+def _meta_masked_backward(op):
+    """PyTorch's meta result with None where `output_mask` (argument 9) is False: ATen's CPU and CUDA kernels leave
+    those gradients undefined (an input that does not require grad), where the meta kernel allocates them."""
+    def meta(*args):
+        return tuple(r if wanted else None for r, wanted in zip(op(*args), args[9]))
+
+    return meta
+
+
+@lowers(aten.native_batch_norm_backward.default, meta=_meta_masked_backward(aten.native_batch_norm_backward.default))
 def native_batch_norm_backward(grad, x, weight, running_mean, running_var, save_mean, save_invstd, train, eps,
                                output_mask):
     return _batch_norm_grads(grad, x, weight, running_mean, running_var, save_mean, save_invstd, train, eps,
                              output_mask)
 
 
-@lowers(aten.batch_norm_backward.default)
+@lowers(aten.batch_norm_backward.default, meta=_meta_masked_backward(aten.batch_norm_backward.default))
 def batch_norm_backward(grad, x, weight, running_mean, running_var, save_mean, save_var, update, eps, output_mask,
                         reserve):
     # `update` is False only for _batch_norm_no_update with running statistics (eval mode).
