@@ -1379,3 +1379,19 @@ def test_segment_reduce_nan_gradients_and_unsafe_checks_match_cpu():
                               unsafe=False)
     out = torch._segment_reduce(data.to("tpu"), "sum", lengths=torch.tensor([0, 2, 4], device="tpu"), unsafe=True)
     assert out.cpu().tolist() == [0.0, 1.0, 14.0]
+
+
+@pytest.mark.parametrize("mask", [[False, True, True], [True, False, False], [False, False, True], [True, True, True]])
+def test_convolution_backward_overrideable_leaves_unrequested_gradients_undefined(mask):
+    """A lowering that returns None for a gradient its output_mask did not ask for, with no meta function of its
+    own: the output probe makes that result undefined (it used to fail reading None's shape). Values are
+    convolution_backward's on CPU (the overrideable form has no CPU kernel)."""
+    torch.manual_seed(0)
+    g, x, w = torch.randn(2, 3, 4, 4), torch.randn(2, 3, 4, 4), torch.randn(3, 3, 1, 1)
+    got = torch.ops.aten.convolution_backward_overrideable(g.to(TPU), x.to(TPU), w.to(TPU), [1, 1], [0, 0], [1, 1],
+                                                           False, [0, 0], 1, mask)
+    expected = torch.ops.aten.convolution_backward(g, x, w, [3], [1, 1], [0, 0], [1, 1], False, [0, 0], 1, mask)
+    assert [r is None for r in got] == [not wanted for wanted in mask]
+    for actual, wanted, ref in zip(got, mask, expected):
+        if wanted:
+            _close(actual, ref, atol=1e-4, rtol=1e-4)

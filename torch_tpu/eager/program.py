@@ -416,6 +416,9 @@ def _probe_outputs(spec, lowering, key_args, slots, slot_dtypes, passed, input_s
         if is_list:
             counts.append(len(values))
         for v in values:
+            if v is None:  # an undefined result (a gradient its output_mask did not ask for), as a meta says
+                outputs.append(None)
+                continue
             sizes = tuple(v.shape)
             outputs.append(OutputMeta(sizes, strided.contiguous_strides(sizes), dtypes.to_torch(v.dtype)))
     return outputs, counts, written
