@@ -5,7 +5,8 @@ PYTHON := $(VENV)/bin/python
 STAMP := $(VENV)/.torch_tpu-installed
 # Pinned: torch's CPU wheel is in the local pip cache; an unpinned torch pulls a CUDA build.
 PINS := torch==2.13.0 jax==0.10.2 jaxlib==0.10.2
-# Two pytest workers (pytest-xdist); --dist loadfile keeps each file's tests in one process, in order.
+# Two pytest workers (pytest-xdist); --dist loadfile keeps each file's tests in one process, in order;
+# --durations: every log ends with the slowest tests (where CI time goes).
 TEST_WORKERS ?= 2
 PYTEST_FLAGS ?= -n $(TEST_WORKERS) --dist loadfile --durations=15
 # Extras `make install` installs, resolved together (titan: tests/test_torchtitan.py, heavy).
