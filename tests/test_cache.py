@@ -496,7 +496,7 @@ def test_level_1_is_bounded(private_cache, monkeypatch):
         with open("/proc/self/maps") as f:
             return sum(1 for _ in f)
 
-    limit = 60
+    limit = 24
     monkeypatch.setattr(levels, "L1_LIMIT", limit)
     torch.tpu.synchronize()
 
@@ -506,7 +506,7 @@ def test_level_1_is_bounded(private_cache, monkeypatch):
 
     new_shapes(1000, limit)
     before, evictions = maps(), cache.stats()["l1"]["evictions"]
-    new_shapes(2000, 2 * limit)  # 360 more executables; unbounded they held ~4 mappings each
+    new_shapes(2000, 2 * limit)  # 144 more executables; unbounded they held ~4 mappings each
     assert len(executor.programs) <= limit and len(levels._l1) <= limit
     assert len(defer._executables) <= limit and len(defer._plans) <= limit
     assert cache.stats()["l1"]["evictions"] > evictions
