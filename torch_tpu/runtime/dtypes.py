@@ -25,11 +25,15 @@ _TORCH_TO_NUMPY = {
     torch.complex128: np.dtype(np.complex128),
     torch.float8_e4m3fn: np.dtype(ml_dtypes.float8_e4m3fn),
     torch.float8_e5m2: np.dtype(ml_dtypes.float8_e5m2),
+    torch.float8_e4m3fnuz: np.dtype(ml_dtypes.float8_e4m3fnuz),
+    torch.float8_e5m2fnuz: np.dtype(ml_dtypes.float8_e5m2fnuz),
+    torch.float8_e8m0fnu: np.dtype(ml_dtypes.float8_e8m0fnu),
 }
 _NUMPY_TO_TORCH = {v: k for k, v in _TORCH_TO_NUMPY.items()}
 
 # torch dtypes that torch.Tensor.numpy() cannot express (NumPy gets them from ml_dtypes).
-_NO_NUMPY = {torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2}
+_NO_NUMPY = {torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz,
+             torch.float8_e8m0fnu}
 
 # NOTE(torch-vs-xla): TPUs have no 64-bit floats; XLA:CPU and XLA:GPU do.
 _UNSUPPORTED = {"tpu": {torch.float64, torch.complex128}}
@@ -54,7 +58,32 @@ def cast(value, dtype):
 
     if jnp.iscomplexobj(value) and not jnp.issubdtype(dtype, jnp.complexfloating):
         value = value != 0 if jnp.dtype(dtype) == jnp.bool_ else jnp.real(value)
+    dtype = jnp.dtype(dtype)
+    if dtype != value.dtype and dtype == _E4M3FN:
+        # c10 saturates to +-448 (infinities included; NaN stays NaN) where XLA's convert gives NaN
+        value = value if jnp.issubdtype(value.dtype, jnp.floating) and value.dtype.itemsize >= 4 else value.astype(jnp.float32)
+        return jnp.where(jnp.isnan(value), value, jnp.clip(value, -448, 448)).astype(dtype)
+    if dtype != value.dtype and dtype == _E8M0FNU:
+        return _to_e8m0fnu(value)
     return value.astype(dtype)
+
+
+_E4M3FN = np.dtype(ml_dtypes.float8_e4m3fn)
+_E8M0FNU = np.dtype(ml_dtypes.float8_e8m0fnu)
+
+
+def _to_e8m0fnu(value):
+    """c10's float -> float8_e8m0fnu: the float32 value's exponent field (the sign is dropped), one up when the
+    first dropped mantissa bit is set (subnormals: when the mantissa is past half); NaN and inf give NaN (0xff).
+    XLA's convert gives NaN for zero and negatives instead."""
+    import jax.numpy as jnp
+    from jax import lax
+
+    bits = lax.bitcast_convert_type(value.astype(jnp.float32), jnp.uint32)  # c10 converts through float too
+    exponent, mantissa = (bits >> 23) & 0xFF, bits & 0x7FFFFF
+    up = jnp.where(exponent == 0, mantissa > 0x400000, (mantissa >> 22) == 1)
+    out = jnp.where(exponent == 0xFF, exponent, exponent + up.astype(jnp.uint32))
+    return lax.bitcast_convert_type(out.astype(jnp.uint8), _E8M0FNU)
 
 
 def to_torch(dtype) -> torch.dtype:
