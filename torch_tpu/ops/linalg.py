@@ -1,5 +1,5 @@
-"""Linear algebra products: mm, bmm, addmm, baddbmm, addbmm, addmv, addr, dot, vdot, mv,
-distances (cdist, pdist and their backward) and cross products.
+"""Linear algebra products: mm, bmm, addmm, baddbmm, addbmm, addmv, addr, dot, vdot, mv, _int_mm,
+_weight_int8pack_mm, distances (cdist, pdist and their backward) and cross products.
 
 Float32 products follow the float32 matmul precision (precision.py): the
 key of every program that makes one includes it. Factorizations and solvers
@@ -75,6 +75,34 @@ def addr(x, v1, v2, beta=1, alpha=1):
 @lowers(aten.addbmm.default, precision=True)
 def addbmm(x, a, b, beta=1, alpha=1):
     return _scaled(x, jnp.sum(_matmul(a, b, accumulator=True), axis=0), beta, alpha)
+
+
+# ---------------------------------------------------------------- integer and weight-only quantized products
+@lowers(aten._int_mm.default)
+def int_mm(a, b):
+    """int8 (or uint8) x int8 summed in int32 (torchao's dynamic int8 quantization)."""
+    if a.dtype == jnp.uint8:  # the unsigned values as they are: a wider signed operand
+        a = a.astype(jnp.int16)
+    return lax.dot_general(a, b.astype(a.dtype), (((1,), (0,)), ((), ())), preferred_element_type=jnp.int32)
+
+
+def _int8pack_meta(x, w, scales):
+    """CPU's check of the scales' dtype, which PyTorch's meta kernel leaves out."""
+    import torch
+
+    from torch_tpu.runtime.dtypes import scalar_type_name
+
+    torch._check(scales.dtype == x.dtype,
+                 lambda: f"expected scalar type {scalar_type_name(x.dtype)} but found {scalar_type_name(scales.dtype)}")
+    return aten._weight_int8pack_mm.default(x, w, scales)
+
+
+@lowers(aten._weight_int8pack_mm.default, precision=True, meta=_int8pack_meta)
+def weight_int8pack_mm(x, w, scales):
+    """x @ w.T * scales for an int8 weight [N, K] with one scale per output column (torchao's int8 weight-only
+    quantization): the weight widened to x's dtype, summed in float32, scaled, rounded once."""
+    out = _matmul(x, _mT(w.astype(x.dtype)), accumulator=True)
+    return (out * scales.astype(out.dtype)).astype(x.dtype)
 
 
 def _scaled(x, product, beta, alpha):

@@ -1,6 +1,8 @@
-"""float8: every float8 dtype's conversions bit for bit against CPU, torch._scaled_mm against CPU, and
-torchao's Float8Linear training on "tpu" as on CPU."""
+"""Quantized arithmetic against CPU: every float8 dtype's conversions bit for bit, torch._scaled_mm,
+the int8 products (_int_mm, _weight_int8pack_mm), and torchao on "tpu": Float8Linear training and
+int8 weight-only quantization."""
 import copy
+import re
 
 import pytest
 import torch
@@ -103,7 +105,7 @@ def test_scaled_mm_refuses_what_cpu_refuses(bad):
     }[bad]
     with pytest.raises((RuntimeError, ValueError)) as on_cpu:
         torch._scaled_mm(*args, out_dtype=torch.float32, **kwargs)
-    with no_fallback(), pytest.raises(on_cpu.type, match=str(on_cpu.value).splitlines()[0][:40].replace("(", r"\(").replace(")", r"\)")):
+    with no_fallback(), pytest.raises(on_cpu.type, match=re.escape(str(on_cpu.value))):
         torch._scaled_mm(*[x.to(TPU) for x in args], out_dtype=torch.float32,
                          **{k: v.to(TPU) for k, v in kwargs.items()})
 
@@ -134,3 +136,54 @@ def test_torchao_float8_linear_trains_like_cpu(compiled):
         curves[device] = (losses, [p.detach().cpu() for p in m.parameters()])
     torch.testing.assert_close(curves[TPU][0], curves["cpu"][0], rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(curves[TPU][1], curves["cpu"][1], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("self_dtype", [torch.int8, torch.uint8], ids=str)
+def test_int_mm_is_exact(self_dtype):
+    """int8 (or uint8) x int8 summed in int32, every value exact; CPU's checks."""
+    torch.manual_seed(0)
+    a = torch.randint(-128, 128, (33, 700), dtype=torch.int8).view(self_dtype)
+    b = torch.randint(-128, 128, (700, 17), dtype=torch.int8)
+    with no_fallback():
+        got = torch._int_mm(a.to(TPU), b.to(TPU))
+    assert got.dtype == torch.int32 and torch.equal(got.cpu(), torch._int_mm(a, b))
+    for bad in [(a.int(), b.int()), (a, b.view(torch.uint8)), (a[0], b), (a, b[:5])]:
+        with pytest.raises(RuntimeError) as on_cpu:
+            torch._int_mm(*bad)
+        with pytest.raises(RuntimeError, match=re.escape(str(on_cpu.value))):
+            torch._int_mm(*[x.to(TPU) for x in bad])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_weight_int8pack_mm_matches_cpu(dtype):
+    """x @ w.T * scales for an int8 weight, rounded once; a scale of another dtype is CPU's error."""
+    torch.manual_seed(0)
+    x, w, scales = torch.randn(9, 64).to(dtype), torch.randint(-128, 128, (24, 64), dtype=torch.int8), torch.rand(24) / 100
+    expected = torch.ops.aten._weight_int8pack_mm(x, w, scales.to(dtype))
+    with no_fallback():
+        got = torch.ops.aten._weight_int8pack_mm(x.to(TPU), w.to(TPU), scales.to(dtype).to(TPU))
+    assert got.dtype == dtype
+    torch.testing.assert_close(got.cpu(), expected, rtol=1e-5 if dtype == torch.float32 else 0, atol=1e-5 if dtype == torch.float32 else 0)
+    if dtype != torch.float32:
+        with pytest.raises(RuntimeError, match="expected scalar type .* but found Float"):
+            torch.ops.aten._weight_int8pack_mm(x.to(TPU), w.to(TPU), scales.to(TPU))
+
+
+def test_torchao_int8_weight_only_quantization_matches_cpu():
+    """torchao's quantize_(Int8WeightOnlyConfig()) on a tpu model: its int8 weights (and their scales) and its
+    outputs agree with CPU's. XLA:CPU divides by a broadcast scalar as a multiplication by its reciprocal (as
+    CUDA divides by a Python scalar), so a scale may differ by an ulp and a weight by one step at a rounding tie."""
+    quantization = pytest.importorskip("torchao.quantization")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 32)).eval()
+    x = torch.randn(8, 64)
+    results = {}
+    for device in ("cpu", TPU):
+        m = copy.deepcopy(model).to(device)
+        quantization.quantize_(m, quantization.Int8WeightOnlyConfig())
+        with torch.no_grad(), no_fallback():
+            results[device] = (m(x.to(device)).cpu(), m[0].weight.qdata.cpu(), m[0].weight.scale.cpu())
+    (out, qdata, scale), (cpu_out, cpu_qdata, cpu_scale) = results[TPU], results["cpu"]
+    assert (qdata.int() - cpu_qdata.int()).abs().max() <= 1 and (qdata != cpu_qdata).float().mean() < 0.01
+    torch.testing.assert_close(scale, cpu_scale, rtol=2**-23, atol=0)
+    torch.testing.assert_close(out, cpu_out, rtol=1e-2, atol=5e-3)
