@@ -43,6 +43,9 @@ def _register_backend() -> None:
     from torch_tpu.compile import routing as compile_routing  # torch.compile's default backend: tpu graphs to "tpu"
 
     compile_routing.install()
+    from torch_tpu import flex_attention  # PyTorch's FlexAttention device list: "tpu" too
+
+    flex_attention.install()
 
 
 def _route_kernels() -> None:

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import sys
 
-from torch_tpu.compile.backend import Options, decompositions, tpu_backend
+from torch_tpu.compile.backend import Options, tpu_backend
+from torch_tpu.compile.decompositions import decompositions
 from torch_tpu.compile.frames import skip_library_frames
 
 

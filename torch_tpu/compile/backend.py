@@ -5,19 +5,18 @@ calls with each Dynamo graph. AOTAutograd (torch._functorch) functionalizes it a
 splits it into a forward and a backward ATen graph (or one inference graph), with the
 decompositions of `decompositions()`; each becomes a `graph.GraphFunction`.
 
-Owns: the backend, its options and the decomposition choice.
+Owns: the backend and its options (the decomposition choice: decompositions.py).
 """
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
 
 import torch
 
+from torch_tpu.compile.decompositions import decompositions
 from torch_tpu.config import config
 
-aten = torch.ops.aten
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,98 +68,6 @@ def _next_dump_index() -> int:
     global _dumped
     _dumped += 1
     return _dumped
-
-
-@functools.cache
-def decompositions() -> dict:
-    """The decompositions AOTAutograd applies: torch._decomp's, for exactly the ops we do not lower.
-
-    An op the lowering table lowers (itself, or as the in-place/out= variant of a lowered op)
-    stays whole: one lowering, as in eager, instead of the ops a decomposition would make.
-    View ops stay (they are metadata over a storage slot, plan.py), and so do the empty
-    factories (a zero buffer). Everything else with a decomposition in `torch._decomp`'s table
-    is decomposed, recursively, until it reaches lowered ops.
-    """
-    from torch._decomp import core_aten_decompositions, decomposition_table
-
-    from torch_tpu.compile import plan
-    from torch_tpu.eager import opspec
-    from torch_tpu.ops import registry
-    from torch_tpu.runtime import platform
-
-    platform.get()  # loads the lowering table
-    lowered = registry.table()
-    table = {}
-    for op, fn in decomposition_table.items():
-        if not isinstance(op, torch._ops.OpOverload) or op in lowered or op in plan.EMPTY:
-            continue
-        if op is aten._unsafe_view.default:
-            continue
-        s = opspec.spec(op)
-        if s.is_view and not s.writes:
-            continue
-        functional = opspec.functional_counterpart(op)
-        if functional is not None and functional in lowered:
-            continue
-        if plan.lowered_out_variant(op) is not None or plan.lowered_inplace_variant(op) is not None:
-            continue  # run through its lowered out= / in-place variant, as eager does (arange)
-        table[op] = fn
-    for op, fn in _OWN.items():
-        if op not in lowered:
-            table[op] = fn
-    core = core_aten_decompositions()
-    for op in _FROM_CORE:
-        if op not in lowered and op in core:
-            table[op] = core[op]
-    return table
-
-
-# Factories torch._decomp leaves whole (PyTorch runs them as empty + an in-place fill): written
-# as the functional ops eager runs, so random factories draw the same numbers as in eager.
-def _full_like(x, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
-    return aten.full.default(x.shape, fill_value, dtype=dtype or x.dtype, device=device or x.device)
-
-
-def _rand_like(x, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
-    return aten.uniform.default(aten.empty.memory_format(x.shape, dtype=dtype or x.dtype, device=device or x.device))
-
-
-def _randn_like(x, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
-    empty = aten.empty.memory_format(x.shape, dtype=dtype or x.dtype, device=device or x.device)
-    return aten.normal_functional.default(empty)
-
-
-def _rand(size, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None):
-    empty = aten.empty.memory_format(size, dtype=dtype or torch.get_default_dtype(), device=device)
-    return aten.uniform.default(empty, generator=generator)
-
-
-def _randn(size, *, generator=None, dtype=None, layout=None, device=None, pin_memory=None):
-    empty = aten.empty.memory_format(size, dtype=dtype or torch.get_default_dtype(), device=device)
-    return aten.normal_functional.default(empty, generator=generator)
-
-
-def _embedding_bag_backward(*args, **kwargs):
-    from torch_tpu.ops import nn  # its eager kernel routes to the dense (lowered) or the sparse backward
-
-    return nn.embedding_bag_backward(*args, **kwargs)
-
-
-_OWN = {
-    aten._embedding_bag_backward.default: _embedding_bag_backward,
-    aten.full_like.default: _full_like,
-    aten.rand_like.default: _rand_like,
-    aten.randn_like.default: _randn_like,
-    aten.rand.default: _rand,
-    aten.rand.generator: _rand,
-    aten.randn.default: _randn,
-    aten.randn.generator: _randn,
-}
-
-
-# Composite ops eager decomposes at dispatch that reach a graph whole, with a decomposition only in
-# PyTorch's core ATen set (not in `decomposition_table`): F.one_hot in MoE routing.
-_FROM_CORE = (aten.one_hot.default,)
 
 
 def tpu_backend(gm: torch.fx.GraphModule, example_inputs, **options):

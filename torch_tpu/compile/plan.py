@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import math
 import operator
+import sys
 
 import jax.numpy as jnp
 import torch
 
+from torch_tpu.compile.decompositions import EMPTY, decompositions, lowered_inplace_variant, lowered_out_variant
 from torch_tpu.eager import opspec
 from torch_tpu.eager import program as program_mod
 from torch_tpu.eager.opspec import Arg
@@ -31,9 +33,6 @@ from torch_tpu.runtime import dtypes, strided
 aten = torch.ops.aten
 _TENSOR, _SCALAR, _SCALAR_LIST = program_mod.TENSOR, program_mod.SCALAR, program_mod.SCALAR_LIST
 _NUMBERS = (int, float, bool, complex)
-# Factories whose values are never read before being written: a zero buffer of their layout.
-EMPTY = {aten.empty.memory_format, aten.empty_strided.default, aten.new_empty.default,
-          aten.new_empty_strided.default, aten.empty_like.default}
 # Views that only set a tensor's conjugate or negative bit: a program's ops read values, not bits, so
 # in a (functional) graph each is its physical op, a fresh value (AOTAutograd's complex-mul backward
 # takes `_conj` of an input; as a plain view the conjugation was lost).
@@ -151,12 +150,15 @@ class Plan:
         for node in placeholders:  # after them all: input slots come first
             if node not in written_inputs:
                 env[node] = self._as_traced(env[node], node)
+        self.outputs = [self._output(v) for v in _flat_outputs(self._walk(gm, env))]
+
+    def _walk(self, gm, env: dict):
+        """Plan `gm`'s nodes after its placeholders (already in `env`); its output, substituted."""
         for node in gm.graph.nodes:
             if node.op == "placeholder":
                 continue
             if node.op == "output":
-                self.outputs = [self._output(v) for v in _flat_outputs(_substitute(node.args[0], env))]
-                break
+                return _substitute(node.args[0], env)
             if node.op == "get_attr":  # AOTAutograd lifts parameters to inputs: what is left are constants
                 env[node] = self._constant(gm, node.target)
                 continue
@@ -299,6 +301,8 @@ class Plan:
             return self._cond(*args, **kwargs)
         if target is torch.ops.higher_order.while_loop:
             return self._while_loop(*args, **kwargs)
+        if target in _dense_hops():
+            return self._inline_dense(_dense_hops()[target], args, kwargs)
         if not isinstance(target, torch._ops.OpOverload):
             if target is operator.getitem:
                 return args[0][args[1]]
@@ -402,6 +406,33 @@ class Plan:
         initial = [(slots.index(c.slot), _read_of(c.meta)) for c in carried]
         step = _WhileLoop(condition, body, initial, [slots.index(s) for s in extra])
         return self._subgraph_step(step, slots, carried_layouts)
+
+    def _inline_dense(self, dense, args, kwargs):
+        """A higher-order op planned inline as its dense implementation: PyTorch's own math over ATen ops,
+        traced on fake tpu tensors of the operands' layouts, so the graph stays one program."""
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        from torch.fx.experimental.proxy_tensor import make_fx
+        from torch.utils import _pytree as pytree
+
+        flat, spec = pytree.tree_flatten((args, kwargs))
+        positions = [i for i, v in enumerate(flat) if isinstance(v, Value)]
+        if any(isinstance(v, HostValue) for v in flat):
+            raise Unsupported("a higher-order op with an operand that is not a tpu value")
+        self._operand_slots([flat[i] for i in positions])  # concrete shapes only
+
+        def traced(*tensors):
+            values = list(flat)
+            for i, tensor in zip(positions, tensors):
+                values[i] = tensor
+            call_args, call_kwargs = pytree.tree_unflatten(values, spec)
+            return dense(*call_args, **call_kwargs)
+
+        with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+            fakes = [torch.empty_strided(flat[i].meta.shape, flat[i].meta.stride(), dtype=flat[i].meta.dtype,
+                                         device=self.device) for i in positions]
+            sub = make_fx(traced, decomposition_table=decompositions(), tracing_mode="real")(*fakes)
+        env = dict(zip([n for n in sub.graph.nodes if n.op == "placeholder"], [flat[i] for i in positions]))
+        return self._walk(sub, env)
 
     def _operand_slots(self, operands) -> list:
         """The distinct slots of a higher-order op's operands, in order (each must be a tpu value)."""
@@ -788,46 +819,6 @@ def _assign(env, out, result) -> None:
             _assign(env, o, r)
 
 
-_OPTIONS = {"dtype", "layout", "device", "pin_memory", "memory_format"}
-
-
-def lowered_out_variant(op):
-    """The lowered out= variant of an op that has no lowering itself (aten.arange.start_step -> start_out), or None.
-
-    PyTorch's CompositeExplicitAutograd kernel of such an op allocates its result and calls the
-    out= variant; the variant takes the same arguments, less the tensor options.
-    """
-    if not op._schema.returns or op._schema.name.split("::")[0] != "aten":
-        return None
-    packet = getattr(aten, op._schema.name.split("::")[1], None)
-    if packet is None:
-        return None
-    names = [a.name for a in op._schema.arguments if a.name not in _OPTIONS]
-    for overload in packet.overloads():
-        variant = getattr(packet, overload)
-        s = opspec.spec(variant)
-        if not s.is_out or registry.get(variant) is None:
-            continue
-        if [n for i, n in enumerate(s.names) if i not in s.writes] == names:
-            return variant
-    return None
-
-
-def lowered_inplace_variant(op):
-    """The lowered in-place op of a functional op that has no lowering (normal_functional -> normal_), or None."""
-    namespace, name = op._schema.name.split("::")
-    if namespace != "aten":
-        return None
-    base = name[: -len("_functional")] if name.endswith("_functional") else name
-    packet = getattr(aten, base + "_", None)
-    variant = getattr(packet, op._overloadname, None) if packet is not None else None
-    if variant is None or registry.get(variant) is None:
-        return None
-    if [a.name for a in variant._schema.arguments] != [a.name for a in op._schema.arguments]:
-        return None
-    return variant
-
-
 def _physical(value, m):
     """A fresh output in its memory-order N-d shape (flattened after the launch: graph._flattener).
 
@@ -860,6 +851,15 @@ def _concrete(value):
 def _same_kind(obj, items: list):
     """`items` as a plain list or tuple, like `obj` (FX's immutable containers do not reach ops)."""
     return items if isinstance(obj, list) else tuple(items)
+
+
+def _dense_hops() -> dict:
+    """Higher-order ops planned as their dense implementation (`Plan._inline_dense`): FlexAttention's."""
+    from torch._higher_order_ops import flex_attention as flex  # noqa: F401  (registers the ops)
+
+    module = sys.modules["torch._higher_order_ops.flex_attention"]
+    return {torch.ops.higher_order.flex_attention: module.sdpa_dense,
+            torch.ops.higher_order.flex_attention_backward: module.sdpa_dense_backward}
 
 
 def _substitute(obj, env):
