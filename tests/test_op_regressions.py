@@ -407,6 +407,17 @@ def test_index_put_source_of_another_dtype_raises_pytorchs_error():
     _close(on_tpu, half)
 
 
+def test_index_put_checks_the_values_shape_before_their_dtype():
+    """A source of another dtype and of a shape that does not broadcast: CPU's shape error (test_indexing's
+    test_boolean_assignment_value_mismatch), with a mask and with integer indices, in both index_put forms."""
+    x = torch.arange(4)
+    for values in (torch.tensor([]), torch.tensor([1.0, 2.0, 3.0])):
+        _same_error(lambda a, v: a.__setitem__(a > -1, v), x, values)
+        _same_error(lambda a, v: a.index_put_((torch.tensor([0, 1, 2, 3], device=a.device),), v), x, values)
+        _same_error(lambda a, v: torch.ops.aten._index_put_impl_(a, (a > -1,), v), x, values)
+    _same_error(lambda a, v: a.__setitem__(a > -1, v), x, torch.tensor([1.0, 2.0, 3.0, 4.0]))  # the dtype error
+
+
 def test_cat_out_checks_that_the_result_type_can_be_cast():
     a, b = torch.tensor([1.0, 2.0]), torch.tensor([3, 4])
     _same_error(lambda p, q: torch.cat([p, q], out=torch.empty(0, dtype=torch.long, device=p.device)), a, b,

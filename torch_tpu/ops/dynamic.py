@@ -181,27 +181,41 @@ def _unsafe_index_put_arguments(x, indices, values, accumulate=False):
 
 @prepare(aten.index_put.default, aten.index_put_.default, only_on_miss=True)
 def _index_put_arguments(x, indices, values, accumulate=False):
-    _check_values_dtype(x, indices, values, accumulate)
-    return _unsafe_index_put_arguments(x, indices, values, accumulate)
+    prepared = _unsafe_index_put_arguments(x, indices, values, accumulate)
+    _check_values_dtype(x, indices, prepared[0][1], values, accumulate)
+    return prepared
 
 
 @prepare(aten._index_put_impl_.default, aten._index_put_impl.default, only_on_miss=True)
 def _index_put_impl_arguments(x, indices, values, accumulate=False, unsafe=False):
-    _check_values_dtype(x, indices, values, accumulate)
-    return (x, _index_put_indices(x, indices, values), values, accumulate, unsafe), {}
+    prepared = _index_put_indices(x, indices, values)
+    _check_values_dtype(x, indices, prepared, values, accumulate)
+    return (x, prepared, values, accumulate, unsafe), {}
 
 
-def _check_values_dtype(x, indices, values, accumulate) -> None:
+def _check_values_dtype(x, indices, prepared, values, accumulate) -> None:
     """PyTorch's index_put refuses a source of another dtype (the lowering would cast it): its own
-    error, from its CPU kernel on empty tensors of the two dtypes. Except where PyTorch writes with
-    masked_fill_ (canDispatchToMaskedFill: no accumulate, one mask on x's device, one CPU value), which
-    casts: `scores[mask] = torch.tensor(float("-inf"))` on half scores works on CUDA."""
+    error, from its CPU kernel on empty tensors of the two dtypes, after its check that the values
+    broadcast to the indexing result (CPU's order). Except where PyTorch writes with masked_fill_
+    (canDispatchToMaskedFill: no accumulate, one mask on x's device, one CPU value), which casts:
+    `scores[mask] = torch.tensor(float("-inf"))` on half scores works on CUDA. `prepared`: the indices
+    as the lowering takes them (masks as positions)."""
     if values.dtype == x.dtype:
         return
     given = [i for i in indices if i is not None]
     if (not accumulate and values.numel() == 1 and values.device.type == "cpu" and len(given) == 1
             and given[0].dtype in _MASK_DTYPES and given[0].device == x.device):
         return
+    if values.numel() != 1:  # (one value is written by a select, its mask kept: no result shape without a sync)
+        metas = [None if i is None else torch.empty(i.shape, dtype=i.dtype, device="meta") for i in prepared]
+        result = aten.index.Tensor(torch.empty(x.shape, dtype=x.dtype, device="meta"), metas).shape
+        try:
+            fits = torch.broadcast_shapes(values.shape, result) == result
+        except RuntimeError:
+            fits = False
+        if not fits:
+            raise RuntimeError(f"shape mismatch: value tensor of shape {list(values.shape)} cannot be broadcast to "
+                               f"indexing result of shape {list(result)}")
     torch.empty(0, dtype=x.dtype).index_put_((torch.empty(0, dtype=torch.long),), torch.empty(0, dtype=values.dtype))
 
 
