@@ -158,12 +158,14 @@ def test_int_mm_is_exact(self_dtype):
 def test_weight_int8pack_mm_matches_cpu(dtype):
     """x @ w.T * scales for an int8 weight, rounded once; a scale of another dtype is CPU's error."""
     torch.manual_seed(0)
-    x, w, scales = torch.randn(9, 64).to(dtype), torch.randint(-128, 128, (24, 64), dtype=torch.int8), torch.rand(24) / 100
+    x, w = torch.randn(9, 64).to(dtype), torch.randint(-128, 128, (24, 64), dtype=torch.int8)
+    scales = torch.rand(24) / 100
     expected = torch.ops.aten._weight_int8pack_mm(x, w, scales.to(dtype))
     with no_fallback():
         got = torch.ops.aten._weight_int8pack_mm(x.to(TPU), w.to(TPU), scales.to(dtype).to(TPU))
     assert got.dtype == dtype
-    torch.testing.assert_close(got.cpu(), expected, rtol=1e-5 if dtype == torch.float32 else 0, atol=1e-5 if dtype == torch.float32 else 0)
+    tolerance = 1e-5 if dtype == torch.float32 else 0  # rounded once from the same float32 sum: equal
+    torch.testing.assert_close(got.cpu(), expected, rtol=tolerance, atol=tolerance)
     if dtype != torch.float32:
         with pytest.raises(RuntimeError, match="expected scalar type .* but found Float"):
             torch.ops.aten._weight_int8pack_mm(x.to(TPU), w.to(TPU), scales.to(TPU))

@@ -16,9 +16,10 @@ Does not own: launching (graph.py), what ops compute (ops/), op programs (eager/
 """
 from __future__ import annotations
 
+import functools
+import importlib
 import math
 import operator
-import sys
 
 import jax.numpy as jnp
 import torch
@@ -427,7 +428,7 @@ class Plan:
             call_args, call_kwargs = pytree.tree_unflatten(values, spec)
             return dense(*call_args, **call_kwargs)
 
-        with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        with FakeTensorMode(allow_non_fake_inputs=True):
             fakes = [torch.empty_strided(flat[i].meta.shape, flat[i].meta.stride(), dtype=flat[i].meta.dtype,
                                          device=self.device) for i in positions]
             sub = make_fx(traced, decomposition_table=decompositions(), tracing_mode="real")(*fakes)
@@ -853,11 +854,10 @@ def _same_kind(obj, items: list):
     return items if isinstance(obj, list) else tuple(items)
 
 
+@functools.cache
 def _dense_hops() -> dict:
     """Higher-order ops planned as their dense implementation (`Plan._inline_dense`): FlexAttention's."""
-    from torch._higher_order_ops import flex_attention as flex  # noqa: F401  (registers the ops)
-
-    module = sys.modules["torch._higher_order_ops.flex_attention"]
+    module = importlib.import_module("torch._higher_order_ops.flex_attention")  # (its import registers the ops)
     return {torch.ops.higher_order.flex_attention: module.sdpa_dense,
             torch.ops.higher_order.flex_attention_backward: module.sdpa_dense_backward}
 

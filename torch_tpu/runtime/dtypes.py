@@ -61,7 +61,8 @@ def cast(value, dtype):
     dtype = jnp.dtype(dtype)
     if dtype != value.dtype and dtype == _E4M3FN:
         # c10 saturates to +-448 (infinities included; NaN stays NaN) where XLA's convert gives NaN
-        value = value if jnp.issubdtype(value.dtype, jnp.floating) and value.dtype.itemsize >= 4 else value.astype(jnp.float32)
+        if not jnp.issubdtype(value.dtype, jnp.floating) or value.dtype.itemsize < 4:
+            value = value.astype(jnp.float32)  # exact for every narrower float; integers convert as c10 does
         return jnp.where(jnp.isnan(value), value, jnp.clip(value, -448, 448)).astype(dtype)
     if dtype != value.dtype and dtype == _E8M0FNU:
         return _to_e8m0fnu(value)
