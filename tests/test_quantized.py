@@ -189,3 +189,22 @@ def test_torchao_int8_weight_only_quantization_matches_cpu():
     assert (qdata.int() - cpu_qdata.int()).abs().max() <= 1 and (qdata != cpu_qdata).float().mean() < 0.01
     torch.testing.assert_close(scale, cpu_scale, rtol=2**-23, atol=0)
     torch.testing.assert_close(out, cpu_out, rtol=1e-2, atol=5e-3)
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise", "rowwise_with_gw_hp"])
+def test_torchao_float8_recipes_match_cpu(recipe):
+    """torchao's float8 recipes on a bfloat16 model (rowwise: torch._scaled_mm with [M, 1] and [1, N] scales):
+    the output and a weight gradient as on CPU."""
+    float8 = pytest.importorskip("torchao.float8")
+    torch.manual_seed(0)
+    x = torch.randn(32, 64, dtype=torch.bfloat16)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 32)).bfloat16()
+    results = {}
+    for device in ("cpu", TPU):
+        m = copy.deepcopy(model).to(device)
+        float8.convert_to_float8_training(m, config=float8.Float8LinearConfig.from_recipe_name(recipe))
+        with no_fallback():
+            out = m(x.to(device))
+            out.float().square().sum().backward()
+        results[device] = (out.detach().cpu(), m[0].weight.grad.cpu())
+    torch.testing.assert_close(results[TPU], results["cpu"], rtol=2**-7, atol=1e-6)
