@@ -302,8 +302,9 @@ class Plan:
             return self._cond(*args, **kwargs)
         if target is torch.ops.higher_order.while_loop:
             return self._while_loop(*args, **kwargs)
-        if target in _dense_hops():
-            return self._inline_dense(_dense_hops()[target], args, kwargs)
+        dense = _dense_hops().get(target)
+        if dense is not None:
+            return self._inline_dense(dense, args, kwargs)
         if not isinstance(target, torch._ops.OpOverload):
             if target is operator.getitem:
                 return args[0][args[1]]
