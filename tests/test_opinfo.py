@@ -277,3 +277,26 @@ def test_opinfo_float32_forward_quick():
     stats = sweep.stats(results)
     assert stats["pass"] / stats["eligible"] >= QUICK_FLOOR, sweep.summary_line("float32", results)
     sweep.check_ratchet("float32", results, quick=True)
+
+
+@pytest.mark.one_mode
+def test_sweeps_extract_test_fn_answers_as_pytorchs():
+    """The sweep's frame walk (opinfo_sweep._extract_test_fn, installed by op_db()) finds the same unittest test
+    method as PyTorch's inspect.stack() version, and None outside one."""
+    import io
+    import unittest
+
+    from torch.testing._internal.opinfo import core
+
+    sweep.op_db()
+    assert core.extract_test_fn is sweep._extract_test_fn
+    original = sweep._pytorchs_extract_test_fn
+    found = {}
+
+    class Case(unittest.TestCase):
+        def test_here(self):
+            found["ours"], found["pytorch"] = sweep._extract_test_fn(), original()
+
+    assert unittest.TextTestRunner(stream=io.StringIO()).run(Case("test_here")).wasSuccessful()
+    assert found["ours"] is found["pytorch"] is Case.test_here
+    assert sweep._extract_test_fn() is None and original() is None
