@@ -342,6 +342,15 @@ def test_sparse_bool_subtraction_and_uncastable_in_place_raise_pytorchs_error():
     _same_result(lambda a: a.clone().div_(2), ints)
 
 
+@pytest.mark.parametrize("op", ["add_", "sub_", "add", "sub"])
+def test_sparse_plus_a_number_or_a_dense_tensor_raises_pytorchs_error(op):
+    """sparse + 1.5 (a Python number: the .Scalar overloads) and sparse + dense raise CPU's RuntimeError (the in-place
+    forms raised an AttributeError of ours; found by PyTorch's test_type_promotion)."""
+    s = torch.sparse_coo_tensor(torch.tensor([[0, 1]]), torch.tensor([2.0, 3.0]), (3,))
+    _same_result(lambda a: getattr(a.clone(), op)(1.5), s)
+    _same_result(lambda a, d: getattr(a.clone(), op)(d), s, torch.ones(3))
+
+
 @pytest.mark.parametrize("coalesced", [False, True])
 def test_sparse_mask_and_its_projection_match_cpu(coalesced):
     """sparse_mask (hybrid and zero sparse dims) and _sparse_mask_projection, the op sparse_mask's backward runs."""

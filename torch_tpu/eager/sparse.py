@@ -241,12 +241,13 @@ def _add(a, b, alpha=1):
 
 
 def _add_(a, b, alpha=1):
+    b_sparse = isinstance(b, torch.Tensor) and b.is_sparse  # b may be a Python number (add_.Scalar)
     if not a.is_sparse:
         _check_same_size("add_", a, b)
-        if b.is_sparse:
+        if b_sparse:
             return _add_into_dense(a, b, alpha)
         raise RuntimeError("add_: in-place addition of a sparse tensor to a dense one needs a sparse 'other'")
-    if not b.is_sparse:
+    if not b_sparse:
         raise RuntimeError("add(sparse, dense) is not supported. Use add(dense, sparse) instead.")
     return a.copy_(_add(a, b, alpha))
 
