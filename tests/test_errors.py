@@ -38,6 +38,42 @@ def test_dtype_errors():
         torch.ones(3, dtype=torch.int64, device="tpu").add_(0.5)
 
 
+# Ops that PyTorch does not define on complex numbers (no order; real-only functions). JAX orders complex numbers
+# lexicographically, so their lowerings computed where every PyTorch device refuses (found by PyTorch's
+# test_foreach on tpu: _foreach_minimum of complex tensors).
+_COMPLEX_REFUSED = {
+    "clamp": lambda z: torch.clamp(z, 0, 1), "clamp_min": lambda z: z.clamp_min(1), "clamp_max_tensor": lambda z: z.clamp_max(z),
+    "clamp_": lambda z: z.clone().clamp_(0, 1), "relu": torch.relu, "minimum": lambda z: torch.minimum(z, z),
+    "maximum": lambda z: torch.maximum(z, z), "fmax": lambda z: torch.fmax(z, z), "max": lambda z: z.max(),
+    "max_dim": lambda z: z.max(0), "amin": lambda z: z.amin(1), "argmax": lambda z: z.argmax(), "sort": lambda z: z.sort(),
+    "topk": lambda z: z.topk(1), "median": lambda z: z.median(), "cummax": lambda z: z.cummax(0), "lt": lambda z: z < z,
+    "ge_scalar": lambda z: z >= 1, "sign": torch.sign, "round": torch.round, "atan2": lambda z: torch.atan2(z, z),
+    "heaviside": lambda z: torch.heaviside(z, z), "searchsorted": lambda z: torch.searchsorted(z[0], z),
+    "unique": torch.unique, "unique_dim": lambda z: torch.unique(z, dim=0), "softmax": lambda z: torch.softmax(z, 0),
+    "elu": torch.nn.functional.elu, "foreach_minimum": lambda z: torch._foreach_minimum([z], 1.0),
+    "foreach_clamp_max": lambda z: torch._foreach_clamp_max([z], [z]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_COMPLEX_REFUSED))
+def test_ops_undefined_on_complex_raise_pytorchs_error(name):
+    """Complex arguments of an op PyTorch does not define on complex numbers raise CPU's error, not a value."""
+    fn = _COMPLEX_REFUSED[name]
+    z = torch.tensor([[1 + 2j, -3 + 0.5j], [2 - 1j, 0.5 + 0.5j]], dtype=torch.complex64)
+    with pytest.raises((RuntimeError, NotImplementedError)) as cpu_err:
+        fn(z)
+    with pytest.raises(type(cpu_err.value)) as tpu_err:
+        fn(z.to("tpu"))
+    assert str(tpu_err.value) == str(cpu_err.value)
+
+
+def test_nansum_of_complex_computes_as_on_cuda():
+    """CPU's refusal of a complex nansum is its own (ATen checks it for CPU tensors only): tpu computes it."""
+    z = torch.tensor([1 + 2j, float("nan"), -3 + 0.5j], dtype=torch.complex64)
+    expected = torch.tensor(-2 + 2.5j)
+    assert torch.nansum(z.to("tpu")).cpu() == expected
+
+
 def test_unsupported_dtype_is_clear():
     """A dtype XLA cannot hold is refused with PyTorch's TypeError for a backend without it (MPS's wording),
     wherever a tpu tensor of it would be made."""

@@ -219,6 +219,31 @@ def _is_bool(x) -> bool:
     return isinstance(x, bool) or (isinstance(x, torch.Tensor) and x.dtype == torch.bool)
 
 
+# CPU refusals of complex inputs that other devices do not make (CUDA has a complex nansum).
+_CPU_ONLY_COMPLEX_REFUSALS = ("nansum on CPU does not support complex inputs",)
+
+
+def check_complex(spec, key_args, scalars) -> None:
+    """Raise PyTorch's error for complex arguments of an op that is not defined on complex numbers. JAX
+    orders complex numbers lexicographically, so our lowerings of clamp, minimum/maximum, max/min,
+    sort, topk, comparisons... computed where every PyTorch device refuses ("clamp is not supported
+    for complex types", '"lt_cpu" not implemented for 'ComplexFloat''). Asked of the CPU kernel at
+    build time, for calls with a complex tensor; only its refusals of complex dtypes are raised."""
+    if spec.op.namespace not in _PYTORCH_NAMESPACES or not any(
+            entry[1].is_complex for kind, arg in zip(spec.kinds, key_args) for entry in keys.tensor_entries(kind, arg)):
+        return
+    cpu_err = _replay(spec, key_args, scalars)
+    if cpu_err is not None and _is_complex_refusal(cpu_err):
+        raise cpu_err
+
+
+def _is_complex_refusal(err: BaseException) -> bool:
+    text = str(err)
+    if not isinstance(err, (RuntimeError, NotImplementedError)) or any(m in text for m in _CPU_ONLY_COMPLEX_REFUSALS):
+        return False
+    return "for 'Complex" in text or "complex" in text.lower()
+
+
 def check_arguments(spec, meta_args) -> None:
     """Argument checks ATen's kernels make on every device that the meta kernels (Python references)
     skip, at build time: alpha_check (BinaryOps.h) for add/sub/rsub (a float alpha with a bool

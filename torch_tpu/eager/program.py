@@ -171,6 +171,7 @@ def _build(key, spec: OpSpec, lowering: Lowering, scalars: list, via_functional:
     meta_override = None if via_functional else lowering.meta
     outputs, return_counts, resize, values = _meta_outputs(spec, meta_args, key_args, meta_override)
     cpu_errors.check_arguments(spec, meta_args)
+    cpu_errors.check_complex(spec, given, scalars)
     cpu_errors.check_memory_overlap(spec, given, scalars, slots)
 
     # The arguments the lowering sees: out= arguments are not the functional op's, and a variant may

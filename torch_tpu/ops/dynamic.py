@@ -297,6 +297,12 @@ def unique_static(x, size, dim=None, consecutive=False, return_inverse=False, re
     return values, inverse, counts
 
 
+def _refuse_complex(x, kernel_name):
+    """ATen's unique kernels have no complex case (complex numbers have no order)."""
+    if x.dtype.is_complex:
+        raise not_implemented(kernel_name, x.dtype)
+
+
 def _unique(x, dim, consecutive, return_inverse, return_counts):
     size = _size(ops.count_unique(x, dim, consecutive))
     return ops.unique_static(x, size, dim, consecutive, return_inverse, return_counts)
@@ -305,11 +311,13 @@ def _unique(x, dim, consecutive, return_inverse, return_counts):
 @kernel(aten._unique2.default)
 def unique2(x, sorted=True, return_inverse=False, return_counts=False):
     # NOTE(torch-vs-xla): the values come out sorted even for sorted=False (PyTorch's CPU kernel does the same).
+    _refuse_complex(x, "unique")
     return _unique(x, None, False, return_inverse, return_counts)
 
 
 @kernel(aten._unique.default)
 def unique_legacy(x, sorted=True, return_inverse=False):
+    _refuse_complex(x, "unique")
     values, inverse, _ = _unique(x, None, False, return_inverse, False)
     return values, inverse
 
@@ -328,11 +336,13 @@ def _unique_along(x, dim, consecutive, return_inverse, return_counts):
 
 @kernel(aten.unique_dim.default)
 def unique_dim(x, dim, sorted=True, return_inverse=False, return_counts=False):
+    _refuse_complex(x, "unique_dim")
     return _unique_along(x, dim, False, return_inverse, return_counts)
 
 
 @kernel(aten.unique_consecutive.default)
 def unique_consecutive(x, return_inverse=False, return_counts=False, dim=None):
+    _refuse_complex(x, "unique")
     if dim is None:
         return _unique(x, None, True, return_inverse, return_counts)
     return _unique_along(x, dim, True, return_inverse, return_counts)
@@ -340,6 +350,7 @@ def unique_consecutive(x, return_inverse=False, return_counts=False, dim=None):
 
 @kernel(aten.unique_dim_consecutive.default)
 def unique_dim_consecutive(x, dim, return_inverse=False, return_counts=False):
+    _refuse_complex(x, "unique")
     return _unique_along(x, dim, True, return_inverse, return_counts)
 
 
