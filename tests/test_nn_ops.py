@@ -593,6 +593,25 @@ def test_attention_is_one_fused_program():
     assert not any("bmm" in op or "softmax" in op for op in launched), launched
 
 
+@pytest.mark.parametrize("transform", ["vmap", "vmap_of_grad", "grad_of_vmap"])
+def test_attention_under_torch_func_transforms_matches_cpu(transform):
+    """torch.func.vmap over SDPA (per-sample gradients too): the overrideable fused op has no batching rule, so
+    a batched or grad-wrapped operand takes the math path (vmap raised "Batching rule not implemented"; found by
+    running functorch's test_vmap on tpu)."""
+    from torch.func import grad, vmap
+
+    def loss(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True).pow(2).sum()
+
+    run = {
+        "vmap": lambda q, k, v: vmap(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True))(q, k, v),
+        "vmap_of_grad": lambda q, k, v: vmap(grad(loss))(q, k, v),
+        "grad_of_vmap": lambda q, k, v: grad(lambda q: vmap(loss)(q, k, v).sum())(q),
+    }[transform]
+    q, k, v = (torch.randn(3, 2, 4, 8, 16, dtype=torch.float64) for _ in range(3))
+    torch.testing.assert_close(run(q.to("tpu"), k.to("tpu"), v.to("tpu")).cpu(), run(q, k, v))
+
+
 def test_attention_math_backend_still_available():
     """sdpa_kernel(MATH) selects PyTorch's math decomposition, which is native too."""
     from torch.nn.attention import SDPBackend, sdpa_kernel

@@ -1987,9 +1987,20 @@ py::dict memory_stats(int index) {
 // the math path, whose parts are lowered too.
 namespace at::native {
 namespace {
+// torch.vmap has batching rules for CUDA's fused attention ops but none for the overrideable one: under vmap
+// the math path, whose ops all batch.
+// torch.func transforms: vmap has batching rules for CUDA's fused attention ops but none for the
+// overrideable one (whose SymInt results its fallback cannot batch), so a batched operand, or one wrapped
+// by grad/jacrev (a vmap may sit above it), takes the math path, whose ops all batch.
+bool functorch_wrapped(const Tensor& t) {
+  return t.key_set().has_any(c10::DispatchKeySet({c10::DispatchKey::FuncTorchBatched,
+                                                  c10::DispatchKey::FuncTorchGradWrapper}));
+}
+
 int64_t tpu_fused_sdp_choice(const Tensor& query, const Tensor& key, const Tensor& value, const std::optional<Tensor>&,
                              double, bool, std::optional<double>, bool enable_gqa) {
-  bool fused = at::globalContext().userEnabledOverrideableSDP() && query.dim() == 4 && key.dim() == 4 &&
+  bool fused = !functorch_wrapped(query) && !functorch_wrapped(key) && !functorch_wrapped(value) &&
+               at::globalContext().userEnabledOverrideableSDP() && query.dim() == 4 && key.dim() == 4 &&
                value.dim() == 4 && query.size(0) == key.size(0) && key.size(0) == value.size(0) &&
                key.size(1) == value.size(1) && key.size(2) == value.size(2) && query.size(3) == key.size(3);
   if (fused && query.size(1) != key.size(1)) {
