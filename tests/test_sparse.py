@@ -342,6 +342,31 @@ def test_sparse_bool_subtraction_and_uncastable_in_place_raise_pytorchs_error():
     _same_result(lambda a: a.clone().div_(2), ints)
 
 
+_FLOATS = torch.sparse_coo_tensor(torch.tensor([[0, 1]]), torch.tensor([2.5, 3.0]), (3,))
+_INTS = torch.sparse_coo_tensor(torch.tensor([[0, 1]]), torch.tensor([2, 3], dtype=torch.int32), (3,))
+_IN_PLACE = {  # case -> (self, the op on a clone of self, other)
+    "sparse int += sparse float": (_INTS, lambda a, b: a.clone().add_(b), _FLOATS),
+    "sparse int -= sparse float": (_INTS, lambda a, b: a.clone().sub_(b), _FLOATS),
+    "sparse int *= sparse float": (_INTS, lambda a, b: a.clone().mul_(b), _FLOATS),
+    "sparse int *= 2.5": (_INTS, lambda a, b: a.clone().mul_(2.5), None),
+    "sparse int *= 2": (_INTS, lambda a, b: a.clone().mul_(2), None),
+    "sparse int /= 2.5": (_INTS, lambda a, b: a.clone().div_(2.5), None),
+    "dense int += sparse float": (torch.ones(3, dtype=torch.int32), lambda a, b: a.clone().add_(b), _FLOATS),
+    "dense int *= sparse float": (torch.ones(3, dtype=torch.int32), lambda a, b: a.clone().mul_(b), _FLOATS),
+    "dense float *= sparse": (torch.ones(3), lambda a, b: a.clone().mul_(b), _FLOATS),
+    "dense long += sparse int": (torch.ones(3, dtype=torch.int64), lambda a, b: a.clone().add_(b), _INTS),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_IN_PLACE))
+def test_sparse_in_place_results_and_cast_errors_match_cpu(case):
+    """In-place sparse arithmetic whose result dtype `self` cannot hold raises CPU's error, in its words (sparse
+    int -= sparse float computed; found by PyTorch's test_type_promotion on tpu); dense *= sparse is CPU's dense
+    product (it raised a copy_ error)."""
+    first, fn, second = _IN_PLACE[case]
+    _same_result(fn, first, second)
+
+
 @pytest.mark.parametrize("op", ["add_", "sub_", "add", "sub"])
 def test_sparse_plus_a_number_or_a_dense_tensor_raises_pytorchs_error(op):
     """sparse + 1.5 (a Python number: the .Scalar overloads) and sparse + dense raise CPU's RuntimeError (the in-place

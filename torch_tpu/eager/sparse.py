@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 
 from torch_tpu.eager import cpu_errors
+from torch_tpu.runtime.dtypes import scalar_type_name
 
 aten = torch.ops.aten
 _SPARSE_CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.SparseCPU)
@@ -245,11 +246,21 @@ def _add_(a, b, alpha=1):
     if not a.is_sparse:
         _check_same_size("add_", a, b)
         if b_sparse:
+            _check_in_place_cast(a, b, " in add operation")
             return _add_into_dense(a, b, alpha)
         raise RuntimeError("add_: in-place addition of a sparse tensor to a dense one needs a sparse 'other'")
     if not b_sparse:
         raise RuntimeError("add(sparse, dense) is not supported. Use add(dense, sparse) instead.")
+    _check_in_place_cast(a, b, " in add operation")
     return a.copy_(_add(a, b, alpha))
+
+
+def _check_in_place_cast(a, b, operation=""):
+    """ATen's sparse kernels' error for an in-place result that `a`'s dtype cannot hold (int += float)."""
+    dtype = torch.result_type(a, b)
+    if not torch.can_cast(dtype, a.dtype):
+        raise RuntimeError(f"Can't convert result type {scalar_type_name(dtype)} to output "
+                           f"{scalar_type_name(a.dtype)}{operation}")
 
 
 def _add_out(a, b, *, alpha=1, out):
@@ -313,6 +324,20 @@ def _mul(a, b):
     else:  # a dense tensor (broadcast to the sparse shape): its elements at the sparse indices
         values = a._values() * b.expand(a.shape)[tuple(a._indices())]
     return _make(a._indices().clone(), values.to(dtype), a.shape, a.is_coalesced())
+
+
+def _mul_(a, b):
+    if not a.is_sparse:  # dense *= sparse: the sparse product (zero where `b` holds nothing), written densely
+        _check_in_place_cast(a, b, " in add operation")
+        return a.copy_(_mul(a, b).to_dense())
+    if _scalar_like(b):
+        dtype = torch.result_type(a, b)
+        if not torch.can_cast(dtype, a.dtype):
+            raise RuntimeError(f"dtype of values ({scalar_type_name(dtype)}) must match dtype of sparse tensor "
+                               f"({scalar_type_name(a.dtype)})")
+    else:
+        _check_in_place_cast(a, b)
+    return _in_place(_mul)(a, b)
 
 
 def _div(a, b, *, rounding_mode=None):
@@ -669,7 +694,7 @@ def sparse_kernels() -> dict:
         aten.sub_.Tensor: _sub_,
         aten.neg.default: _neg,
         aten.mul.Tensor: _mul,
-        aten.mul_.Tensor: _in_place(_mul),
+        aten.mul_.Tensor: _mul_,
         aten.div.Tensor: _div,
         aten.div.Tensor_mode: _div,
         aten.div_.Tensor: _in_place(_div),
