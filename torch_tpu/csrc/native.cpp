@@ -1987,8 +1987,6 @@ py::dict memory_stats(int index) {
 // the math path, whose parts are lowered too.
 namespace at::native {
 namespace {
-// torch.vmap has batching rules for CUDA's fused attention ops but none for the overrideable one: under vmap
-// the math path, whose ops all batch.
 // torch.func transforms: vmap has batching rules for CUDA's fused attention ops but none for the
 // overrideable one (whose SymInt results its fallback cannot batch), so a batched operand, or one wrapped
 // by grad/jacrev (a vmap may sit above it), takes the math path, whose ops all batch.

@@ -246,21 +246,25 @@ def _add_(a, b, alpha=1):
     if not a.is_sparse:
         _check_same_size("add_", a, b)
         if b_sparse:
-            _check_in_place_cast(a, b, " in add operation")
+            _check_in_place_cast(a, b, _ADD_CAST_WORDS)
             return _add_into_dense(a, b, alpha)
         raise RuntimeError("add_: in-place addition of a sparse tensor to a dense one needs a sparse 'other'")
     if not b_sparse:
         raise RuntimeError("add(sparse, dense) is not supported. Use add(dense, sparse) instead.")
-    _check_in_place_cast(a, b, " in add operation")
+    _check_in_place_cast(a, b, _ADD_CAST_WORDS)
     return a.copy_(_add(a, b, alpha))
 
 
-def _check_in_place_cast(a, b, operation=""):
-    """ATen's sparse kernels' error for an in-place result that `a`'s dtype cannot hold (int += float)."""
+# ATen's sparse kernels' words for an in-place result that self's dtype cannot hold (int += float).
+_CAST_WORDS = "Can't convert result type {result} to output {out}"
+_ADD_CAST_WORDS = _CAST_WORDS + " in add operation"
+_SCALAR_CAST_WORDS = "dtype of values ({result}) must match dtype of sparse tensor ({out})"
+
+
+def _check_in_place_cast(a, b, words):
     dtype = torch.result_type(a, b)
     if not torch.can_cast(dtype, a.dtype):
-        raise RuntimeError(f"Can't convert result type {scalar_type_name(dtype)} to output "
-                           f"{scalar_type_name(a.dtype)}{operation}")
+        raise RuntimeError(words.format(result=scalar_type_name(dtype), out=scalar_type_name(a.dtype)))
 
 
 def _add_out(a, b, *, alpha=1, out):
@@ -328,15 +332,9 @@ def _mul(a, b):
 
 def _mul_(a, b):
     if not a.is_sparse:  # dense *= sparse: the sparse product (zero where `b` holds nothing), written densely
-        _check_in_place_cast(a, b, " in add operation")
+        _check_in_place_cast(a, b, _ADD_CAST_WORDS)
         return a.copy_(_mul(a, b).to_dense())
-    if _scalar_like(b):
-        dtype = torch.result_type(a, b)
-        if not torch.can_cast(dtype, a.dtype):
-            raise RuntimeError(f"dtype of values ({scalar_type_name(dtype)}) must match dtype of sparse tensor "
-                               f"({scalar_type_name(a.dtype)})")
-    else:
-        _check_in_place_cast(a, b)
+    _check_in_place_cast(a, b, _SCALAR_CAST_WORDS if _scalar_like(b) else _CAST_WORDS)
     return _in_place(_mul)(a, b)
 
 
