@@ -67,6 +67,26 @@ def test_ops_undefined_on_complex_raise_pytorchs_error(name):
     assert str(tpu_err.value) == str(cpu_err.value)
 
 
+def test_complex_check_of_a_big_call_asks_cpu_on_cut_shapes(monkeypatch):
+    """A big complex call is asked of the CPU kernel on shapes cut to 2 (a 512x512 complex matmul costs no CPU
+    matmul of that size); when the cut shapes do not fit its arguments (topk(k=5)) the whole call is asked,
+    and a refusal is still raised."""
+    from torch_tpu.eager import cpu_errors
+
+    asked = []
+    replay = cpu_errors._replay
+    monkeypatch.setattr(cpu_errors, "_replay", lambda *a, **k: asked.append(k.get("max_size")) or replay(*a, **k))
+    z = torch.randn(512, 512, dtype=torch.complex64)
+    zt = z.to("tpu")
+    asked.clear()
+    torch.testing.assert_close((zt @ zt).cpu(), z @ z, rtol=1e-4, atol=1e-3)
+    assert asked and set(asked) == {2}
+    asked.clear()
+    with pytest.raises(RuntimeError, match="topk does not support complex"):
+        zt.topk(5)
+    assert asked[:2] == [2, None]  # (the error path asks once more: build() maps errors to CPU's)
+
+
 def test_nansum_of_complex_computes_as_on_cuda():
     """CPU's refusal of a complex nansum is its own (ATen checks it for CPU tensors only): tpu computes it."""
     z = torch.tensor([1 + 2j, float("nan"), -3 + 0.5j], dtype=torch.complex64)

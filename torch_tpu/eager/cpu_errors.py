@@ -133,15 +133,18 @@ def _is_dtype_error(err: BaseException) -> bool:
             and "not implemented for" not in text and "Unsupported dtype" not in text)
 
 
-def _replay(spec, key_args, scalars, slots=None) -> BaseException | None:
+def _replay(spec, key_args, scalars, slots=None, max_size=None) -> BaseException | None:
     """The exception PyTorch's CPU kernel raises for these arguments on zeros, or None (it accepts them, or
     they cannot be replayed: too big, not rebuildable). Each tensor is contiguous, or, given the key's
-    `slots`, a view with the key's strides and offset of one CPU storage per slot (aliasing as on device)."""
+    `slots`, a view with the key's strides and offset of one CPU storage per slot (aliasing as on device).
+    `max_size`: every dimension cut to at most that size (a question about dtypes, not shapes)."""
     too_big = []
     storages = {}
 
     def tensor(entry, offset):
         sizes, strides = entry[2], entry[3]
+        if max_size is not None:
+            sizes = tuple(min(size, max_size) for size in sizes)
         nbytes = slots[entry[5]][1] if slots is not None else 0
         if math.prod(sizes) > _MAX_ELEMENTS or nbytes > _MAX_ELEMENTS * 8:
             too_big.append(entry)
@@ -219,6 +222,7 @@ def _is_bool(x) -> bool:
     return isinstance(x, bool) or (isinstance(x, torch.Tensor) and x.dtype == torch.bool)
 
 
+_REPLAY_EXACT_ELEMENTS = 1 << 16
 # CPU refusals of complex inputs that other devices do not make (CUDA has a complex nansum).
 _CPU_ONLY_COMPLEX_REFUSALS = ("nansum on CPU does not support complex inputs",)
 
@@ -232,7 +236,15 @@ def check_complex(spec, key_args, scalars) -> None:
     if spec.op.namespace not in _PYTORCH_NAMESPACES or not any(
             entry[1].is_complex for kind, arg in zip(spec.kinds, key_args) for entry in keys.tensor_entries(kind, arg)):
         return
-    cpu_err = _replay(spec, key_args, scalars)
+    # The CPU kernel runs on zeros of the call's shapes. A big call (a large complex matmul would cost
+    # seconds) is asked first with every dimension cut to 2: a refusal of the dtype comes before any work,
+    # and an acceptance ends the question; another error (arguments that no longer fit the cut shapes, as
+    # topk(k=5)) leaves it open, and the call is replayed whole.
+    big = any(math.prod(entry[2]) > _REPLAY_EXACT_ELEMENTS
+              for kind, arg in zip(spec.kinds, key_args) for entry in keys.tensor_entries(kind, arg))
+    cpu_err = _replay(spec, key_args, scalars, max_size=2) if big else None
+    if not big or (cpu_err is not None and not _is_complex_refusal(cpu_err)):
+        cpu_err = _replay(spec, key_args, scalars)
     if cpu_err is not None and _is_complex_refusal(cpu_err):
         raise cpu_err
 
