@@ -42,14 +42,16 @@ def test_dtype_errors():
 # lexicographically, so their lowerings computed where every PyTorch device refuses (found by PyTorch's
 # test_foreach on tpu: _foreach_minimum of complex tensors).
 _COMPLEX_REFUSED = {
-    "clamp": lambda z: torch.clamp(z, 0, 1), "clamp_min": lambda z: z.clamp_min(1), "clamp_max_tensor": lambda z: z.clamp_max(z),
-    "clamp_": lambda z: z.clone().clamp_(0, 1), "relu": torch.relu, "minimum": lambda z: torch.minimum(z, z),
-    "maximum": lambda z: torch.maximum(z, z), "fmax": lambda z: torch.fmax(z, z), "max": lambda z: z.max(),
-    "max_dim": lambda z: z.max(0), "amin": lambda z: z.amin(1), "argmax": lambda z: z.argmax(), "sort": lambda z: z.sort(),
-    "topk": lambda z: z.topk(1), "median": lambda z: z.median(), "cummax": lambda z: z.cummax(0), "lt": lambda z: z < z,
-    "ge_scalar": lambda z: z >= 1, "sign": torch.sign, "round": torch.round, "atan2": lambda z: torch.atan2(z, z),
-    "heaviside": lambda z: torch.heaviside(z, z), "searchsorted": lambda z: torch.searchsorted(z[0], z),
-    "unique": torch.unique, "unique_dim": lambda z: torch.unique(z, dim=0), "softmax": lambda z: torch.softmax(z, 0),
+    "clamp": lambda z: torch.clamp(z, 0, 1), "clamp_min": lambda z: z.clamp_min(1),
+    "clamp_max_tensor": lambda z: z.clamp_max(z), "clamp_": lambda z: z.clone().clamp_(0, 1), "relu": torch.relu,
+    "minimum": lambda z: torch.minimum(z, z), "maximum": lambda z: torch.maximum(z, z),
+    "fmax": lambda z: torch.fmax(z, z), "max": lambda z: z.max(), "max_dim": lambda z: z.max(0),
+    "amin": lambda z: z.amin(1), "argmax": lambda z: z.argmax(), "sort": lambda z: z.sort(),
+    "topk": lambda z: z.topk(1), "median": lambda z: z.median(), "cummax": lambda z: z.cummax(0),
+    "lt": lambda z: z < z, "ge_scalar": lambda z: z >= 1, "sign": torch.sign, "round": torch.round,
+    "atan2": lambda z: torch.atan2(z, z), "heaviside": lambda z: torch.heaviside(z, z),
+    "searchsorted": lambda z: torch.searchsorted(z[0], z), "unique": torch.unique,
+    "unique_dim": lambda z: torch.unique(z, dim=0), "softmax": lambda z: torch.softmax(z, 0),
     "elu": torch.nn.functional.elu, "foreach_minimum": lambda z: torch._foreach_minimum([z], 1.0),
     "foreach_clamp_max": lambda z: torch._foreach_clamp_max([z], [z]),
 }
