@@ -233,15 +233,14 @@ def check_complex(spec, key_args, scalars) -> None:
     sort, topk, comparisons... computed where every PyTorch device refuses ("clamp is not supported
     for complex types", '"lt_cpu" not implemented for 'ComplexFloat''). Asked of the CPU kernel at
     build time, for calls with a complex tensor; only its refusals of complex dtypes are raised."""
-    if spec.op.namespace not in _PYTORCH_NAMESPACES or not any(
-            entry[1].is_complex for kind, arg in zip(spec.kinds, key_args) for entry in keys.tensor_entries(kind, arg)):
+    entries = [entry for kind, arg in zip(spec.kinds, key_args) for entry in keys.tensor_entries(kind, arg)]
+    if spec.op.namespace not in _PYTORCH_NAMESPACES or not any(entry[1].is_complex for entry in entries):
         return
     # The CPU kernel runs on zeros of the call's shapes. A big call (a large complex matmul would cost
     # seconds) is asked first with every dimension cut to 2: a refusal of the dtype comes before any work,
     # and an acceptance ends the question; another error (arguments that no longer fit the cut shapes, as
     # topk(k=5)) leaves it open, and the call is replayed whole.
-    big = any(math.prod(entry[2]) > _REPLAY_EXACT_ELEMENTS
-              for kind, arg in zip(spec.kinds, key_args) for entry in keys.tensor_entries(kind, arg))
+    big = any(math.prod(entry[2]) > _REPLAY_EXACT_ELEMENTS for entry in entries)
     cpu_err = _replay(spec, key_args, scalars, max_size=2) if big else None
     if not big or (cpu_err is not None and not _is_complex_refusal(cpu_err)):
         cpu_err = _replay(spec, key_args, scalars)

@@ -335,7 +335,7 @@ def _mul_(a, b):
         _check_in_place_cast(a, b, _ADD_CAST_WORDS)
         return a.copy_(_mul(a, b).to_dense())
     _check_in_place_cast(a, b, _SCALAR_CAST_WORDS if _scalar_like(b) else _CAST_WORDS)
-    return _in_place(_mul)(a, b)
+    return a.copy_(_mul(a, b).to(a.dtype))
 
 
 def _div(a, b, *, rounding_mode=None):
