@@ -32,6 +32,15 @@ def test_shape_errors_are_pytorchs():
         torch.ones(2, 3, device="tpu") @ torch.ones(2, 3, device="tpu")
 
 
+def test_local_scalar_dense_like_cpu():
+    """aten._local_scalar_dense, called directly: CPU's first element, and CPU's error on no element."""
+    for device in ("cpu", "tpu"):
+        x = (torch.arange(6.0, device=device) + 1).view(2, 3).t()[1:]
+        assert torch.ops.aten._local_scalar_dense(x) == 2.0
+        with pytest.raises(RuntimeError, match="^_local_scalar_dense: Empty tensor not supported$"):
+            torch.ops.aten._local_scalar_dense(torch.empty(2, 0, device=device))
+
+
 def test_dtype_errors():
     """In-place result-type errors match PyTorch's."""
     with pytest.raises(RuntimeError, match="can't be cast|not possible"):

@@ -63,6 +63,15 @@ def test_copy_casts_and_non_contiguous_sources():
     assert torch.equal(back.cpu(), src[:3, :4])
 
 
+@pytest.mark.parametrize("dtype, number", [(torch.float32, float("nan")), (torch.float64, 1e300), (torch.int32, 7),
+                                           (torch.complex64, 1 + 2j), (torch.float32, True), (torch.bfloat16, 3)])
+def test_copy_from_a_python_number_like_cpu(dtype, number):
+    """`t.copy_(number)` (GradScaler's tests write `grad.copy_(torch.inf)`) fills t as CPU's copy_ does."""
+    got = torch.zeros(2, 3, dtype=dtype, device="tpu")[:, ::2].copy_(number)
+    want = torch.zeros(2, 3, dtype=dtype)[:, ::2].copy_(number)
+    torch.testing.assert_close(got.cpu(), want, rtol=0, atol=0, equal_nan=True)
+
+
 def test_device_to_device_copy():
     """tpu:i -> tpu:j copies land on j with the same values."""
     a = torch.arange(6.0, device="tpu:0").view(2, 3)

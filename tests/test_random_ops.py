@@ -1,5 +1,7 @@
 """Random ops' statistics on tpu (the OpInfo sweep compares only dtype/shape/device for them)."""
 
+import math
+
 import pytest
 import torch
 
@@ -115,3 +117,34 @@ def test_gamma_rsample_gradient():
     with no_fallback():
         actual = torch._standard_gamma_grad(alpha.to("tpu"), x.to("tpu")).cpu()
     torch.testing.assert_close(actual, torch._standard_gamma_grad(alpha, x), rtol=1e-4, atol=1e-5)
+
+
+def test_flat_draws_are_jax_randoms_numbers():
+    """torch_tpu.ops._draws draws 1-D and reshapes (XLA:CPU compiles that several times faster): the
+    numbers must be jax.random's own N-d draw's, jitted as the ops run them, for every function it wraps."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from torch_tpu.ops import _draws
+
+    torch.zeros(1, device="tpu")  # the device's JAX configuration (64-bit types) is in place
+    shape = (2, 3, 4)
+    p = jnp.linspace(0.1, 0.9, math.prod(shape), dtype=jnp.float32).reshape(shape)
+    calls = {
+        "uniform": lambda r, k: r.uniform(k, shape, jnp.float32, -1.0, p + 1),
+        "normal": lambda r, k: r.normal(k, shape, jnp.float64),
+        "bits": lambda r, k: r.bits(k, shape, jnp.uint64),
+        "exponential": lambda r, k: r.exponential(k, shape, jnp.float32),
+        "gumbel": lambda r, k: r.gumbel(k, shape, jnp.float32),
+        "bernoulli": lambda r, k: (r.bernoulli(k, p, shape), r.bernoulli(k, 0.3, shape)),
+        "gamma": lambda r, k: r.gamma(k, p + 0.5, shape),
+        "poisson": lambda r, k: r.poisson(k, p * 5, shape, jnp.int64),
+        "binomial": lambda r, k: r.binomial(k, p * 10 + 1, p, shape, jnp.float32),
+    }
+    key = jax.random.key(7)
+    for name, call in calls.items():
+        ours, theirs = jax.jit(lambda k: (call(_draws, k), call(jax.random, k)))(key)  # one compile each
+        for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(theirs)):
+            assert a.shape == b.shape and a.dtype == b.dtype, name
+            assert np.array_equal(np.asarray(a), np.asarray(b), equal_nan=True), name

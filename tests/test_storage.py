@@ -121,3 +121,29 @@ def test_storage_bytes_and_slices():
     assert bytes(v.cpu().numpy()) == bytes(cs)[8:16]
     v.zero_()
     assert t.cpu().tolist() == [0.0, 16.0, 0.0, 0.0, 4.0, 5.0, 6.0, 7.0]
+
+
+def _lazy_clone_story(device):
+    """Tensor._lazy_clone (copy-on-write) written through a view of its source, then itself, as
+    test_torch.py's test_lazy_clone_view_materialize does: what each side holds and which is copy-on-write."""
+    t = torch.tensor([[0.0, 1.0], [2.0, 3.0]], device=device)
+    original = torch._C._data_address(t)
+    clone = t._lazy_clone()
+    seen = [torch._C._is_cow_tensor(t), torch._C._is_cow_tensor(clone)]
+    view = t.view([4])
+    view += 1  # the source is copied; the clone keeps the original allocation
+    seen += [torch._C._is_cow_tensor(t), torch._C._is_cow_tensor(clone), torch._C._data_address(clone) == original,
+             torch._C._data_address(t) == torch._C._data_address(view) != original]
+    clone += 10  # the last holder of the original allocation takes it without a copy
+    seen += [torch._C._is_cow_tensor(clone), torch._C._data_address(clone) == original]
+    again = clone._lazy_clone()
+    clone.mul_(2)  # a second clone, read after its source was written
+    return seen, [x.cpu() for x in (t, view, clone, again)]
+
+
+def test_lazy_clone_is_copy_on_write_like_cpu():
+    seen, values = _lazy_clone_story("tpu")
+    cpu_seen, cpu_values = _lazy_clone_story("cpu")
+    assert seen == cpu_seen
+    for got, want in zip(values, cpu_values):
+        assert torch.equal(got, want)

@@ -36,6 +36,7 @@ def _register_backend() -> None:
     device_module._start_on_own_device()  # torchrun's LOCAL_RANK: tpu:{LOCAL_RANK} is this process's device
     if hasattr(_native, "set_resize_callback"):  # a shim built before storage resize_ support lacks it
         _native.set_resize_callback(storage.resized)
+        _native.set_copy_callback(storage.copied)  # copy-on-write storages (Tensor._lazy_clone)
     kernels.register_fallback()
     platform.on_init(kernels.register_all)
     platform.on_init(device_module._apply_pending_seed)

@@ -18,6 +18,7 @@
 #include <ATen/native/TensorFactories.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <c10/core/CachingDeviceAllocator.h>
+#include <c10/core/impl/COW.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/core/impl/alloc_cpu.h>
 #include <torch/csrc/Generator.h>
@@ -57,6 +58,7 @@ constexpr int kMaxDevices = 64;
 std::atomic<int> g_device_count{-1};  // -1: runtime not initialised yet
 py::object* g_init_callback = nullptr;  // Python: initialise runtime, return count
 py::object* g_resize_callback = nullptr;  // Python: move a storage's buffer on resize_
+py::object* g_copy_callback = nullptr;  // Python: a copy-on-write storage copied (its buffer shared)
 std::string g_init_error;               // why the last initialisation failed
 thread_local DeviceIndex t_current_device = 0;
 
@@ -286,8 +288,12 @@ struct TpuAllocator final : c10::DeviceAllocator {
     return {p, p, &release, Device(kTpu, index)};
   }
   c10::DeleterFnPtr raw_deleter() const override { return &release; }
-  void copy_data(void*, const void*, std::size_t) const override {
-    TORCH_CHECK(false, "tpu storages are not host-addressable; copy through torch_tpu");
+  // Called by c10's copy-on-write materialization (a lazy clone written to, or its source): the new
+  // allocation gets the source's device buffer (buffers are immutable values: sharing one is a copy).
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    TORCH_CHECK(g_copy_callback != nullptr, "tpu storages are not host-addressable; copy through torch_tpu");
+    py::gil_scoped_acquire gil;
+    (*g_copy_callback)(reinterpret_cast<uint64_t>(dest), reinterpret_cast<uint64_t>(src), count);
   }
   bool initialized() override { return g_device_count.load() > 0; }
   // Drops the device buffers of freed storages now (Python owns the buffer map).
@@ -516,10 +522,20 @@ py::tuple int_tuple(c10::IntArrayRef values) {
   return out;
 }
 
+// A storage's address, the key of its device buffer. A copy-on-write storage (Tensor._lazy_clone) shares
+// its address with its clones until written: it is copied here first (c10 calls copy_data), as a CPU or
+// CUDA kernel's mutable_data_ptr() does, so no caller reads or writes a buffer another storage shares.
+uint64_t storage_address(const c10::Storage& s) {
+  if (C10_UNLIKELY(c10::impl::cow::is_cow_data_ptr(s.data_ptr()))) {
+    return reinterpret_cast<uint64_t>(s.mutable_data());
+  }
+  return reinterpret_cast<uint64_t>(s.data());
+}
+
 py::tuple tensor_signature(const at::Tensor& t) {
   const c10::Storage& s = t.storage();
   return py::make_tuple(t.scalar_type(), int_tuple(t.sizes()), int_tuple(t.strides()), t.storage_offset(),
-                        s.nbytes(), t.device().index(), reinterpret_cast<uint64_t>(s.data()));
+                        s.nbytes(), t.device().index(), storage_address(s));
 }
 
 // The executor's output allocation: skips the dispatcher, returns the address too.
@@ -555,7 +571,7 @@ struct SlotTable {
       device = index;
     }
     const c10::Storage& s = t.storage();
-    uint64_t address = reinterpret_cast<uint64_t>(s.data());
+    uint64_t address = storage_address(s);
     size_t slot = 0;
     while (slot < addresses.size() && addresses[slot] != address) ++slot;
     if (slot == addresses.size()) {
@@ -758,7 +774,7 @@ py::object graph_key(py::handle args, py::dict buffers, py::handle tensor_tag) {
     if (device != -1 && index != device) return py::none();
     device = index;
     const c10::Storage& st = t.storage();
-    const uint64_t address = reinterpret_cast<uint64_t>(st.data());
+    const uint64_t address = storage_address(st);
     py::int_ key(address);
     PyObject* entry = PyDict_GetItemWithError(buffers.ptr(), key.ptr());  // borrowed: (array, dtype)
     if (entry == nullptr && PyErr_Occurred()) throw python_error();
@@ -2024,6 +2040,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_resize_callback", [](py::object cb) {
     delete g_resize_callback;
     g_resize_callback = new py::object(std::move(cb));
+  });
+  m.def("set_copy_callback", [](py::object cb) {
+    delete g_copy_callback;
+    g_copy_callback = new py::object(std::move(cb));
   });
   m.def("set_init_callback", [](py::object cb) {
     delete g_init_callback;

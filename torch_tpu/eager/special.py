@@ -22,11 +22,17 @@ def _copy_same_device(dst, src, non_blocking=False):
     return execute(spec(aten.copy_.default), registry.get(aten.copy.default), True, dst, src, non_blocking)
 
 
+# The dtype of a wrapped Python number (what PyTorch's argument parser makes of one).
+_WRAPPED_NUMBER_DTYPES = {bool: torch.bool, int: torch.int64, float: torch.float64, complex: torch.complex128}
+
+
 def copy_(dst: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
     # copy_ sees tensors with lazy conjugate/negative bits (PyTorch lets them through to
     # copy_): resolve the source's, and store what dst's bits read back as the value.
     from torch_tpu.ops import bits
 
+    if not isinstance(src, torch.Tensor):  # a Python number (`grad.copy_(torch.inf)`): as ATen wraps one
+        src = torch.tensor(src, dtype=_WRAPPED_NUMBER_DTYPES[type(src)])
     if dst.device.type == "tpu":
         if src.device.type == "tpu":
             src = bits.resolved(src)
@@ -52,7 +58,10 @@ def copy_(dst: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> t
 
 
 def _local_scalar_dense(t: torch.Tensor):
-    return transfer.download(t).item()
+    # ATen's kernel: the first element (Tensor.item() checks for exactly one before it gets here).
+    if t.numel() == 0:
+        raise RuntimeError("_local_scalar_dense: Empty tensor not supported")
+    return transfer.download(t if t.dim() == 0 else t.as_strided((), ())).item()
 
 
 def resize_(t: torch.Tensor, size, memory_format=None):

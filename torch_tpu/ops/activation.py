@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 from jax.scipy import special as jsp
 
+from torch_tpu.ops import _draws
 from torch_tpu.ops.registry import Promote, aten, lowers
 
 
@@ -172,7 +173,7 @@ def prelu_kernel(x, weight):
 def rrelu_with_noise(x, noise, lower=1 / 8, upper=1 / 3, training=False, generator=None, *, key):
     if not training:
         return jnp.where(x >= 0, x, x * ((lower + upper) / 2)), noise
-    r = jax.random.uniform(key, x.shape, jnp.float32, lower, upper).astype(x.dtype)
+    r = _draws.uniform(key, x.shape, jnp.float32, lower, upper).astype(x.dtype)
     r = jnp.where(x <= 0, r, jnp.ones((), x.dtype))
     return x * r, r.astype(noise.dtype)
 

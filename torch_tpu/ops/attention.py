@@ -20,6 +20,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from torch_tpu import precision
+from torch_tpu.ops import _draws
 from torch_tpu.ops.normalization import native_layer_norm as layer_norm
 from torch_tpu.ops.registry import aten, lowers
 
@@ -66,7 +67,7 @@ def _probabilities(q, k, bias, is_causal, scale):
 
 
 def _keep_mask(key, dropout_p, shape):
-    return jax.random.bernoulli(key, 1 - dropout_p, shape)
+    return _draws.bernoulli(key, 1 - dropout_p, shape)
 
 
 def _pack_key(key):

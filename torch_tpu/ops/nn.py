@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from torch_tpu.ops import checks
+from torch_tpu.ops import _draws, checks
 from torch_tpu.ops._dims import axis
 from torch_tpu.ops.registry import aten, kernel, lowers
 
@@ -50,7 +50,7 @@ def native_dropout(x, p, train, *, key):
         return x, jnp.ones(x.shape, jnp.bool_)
     if p == 1:
         return jnp.zeros_like(x), jnp.zeros(x.shape, jnp.bool_)
-    keep = jax.random.bernoulli(key, 1 - p, x.shape)
+    keep = _draws.bernoulli(key, 1 - p, x.shape)
     return jnp.where(keep, _opmath(x) / (1 - p), 0), keep
 
 

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from jax import lax
 
-from torch_tpu.ops import checks
+from torch_tpu.ops import _draws, checks
 from torch_tpu.ops.registry import aten, lowers
 from torch_tpu.runtime import dtypes
 
@@ -91,9 +91,9 @@ def uniform(x, low=0.0, high=1.0, generator=None, *, key):
     _check_uniform(dtypes.to_torch(x.dtype), low, high)
     draw = _draw_dtype(x.dtype)
     if jnp.issubdtype(x.dtype, jnp.complexfloating):  # ATen: the real and imaginary parts each uniform
-        parts = jax.random.uniform(key, x.shape + (2,), dtype=draw, minval=low, maxval=high)
+        parts = _draws.uniform(key, x.shape + (2,), dtype=draw, minval=low, maxval=high)
         return lax.complex(parts[..., 0], parts[..., 1]).astype(x.dtype)
-    return jax.random.uniform(key, x.shape, dtype=draw, minval=low, maxval=high).astype(x.dtype)
+    return _draws.uniform(key, x.shape, dtype=draw, minval=low, maxval=high).astype(x.dtype)
 
 
 @lowers(aten.normal_.default, rng=True, host_check=_normal_host_check, runtime=("mean", "std"), meta=_normal_meta)
@@ -102,48 +102,48 @@ def normal_(x, mean=0.0, std=1.0, generator=None, *, key):
     _check_std(std)
     draw = _draw_dtype(x.dtype)
     if jnp.issubdtype(x.dtype, jnp.complexfloating):  # ATen: both parts normal(mean, std / sqrt(2))
-        parts = jax.random.normal(key, x.shape + (2,), dtype=draw) * (std / math.sqrt(2)) + mean
+        parts = _draws.normal(key, x.shape + (2,), dtype=draw) * (std / math.sqrt(2)) + mean
         return lax.complex(parts[..., 0], parts[..., 1]).astype(x.dtype)
-    return (jax.random.normal(key, x.shape, dtype=draw) * std + mean).astype(x.dtype)
+    return (_draws.normal(key, x.shape, dtype=draw) * std + mean).astype(x.dtype)
 
 
 @lowers(aten.normal.Tensor_Tensor, rng=True)
 @checks.checked
 def normal_tensors(mean, std, generator=None, *, key):
     shape = jnp.broadcast_shapes(mean.shape, std.shape)
-    return jax.random.normal(key, shape, dtype=jnp.float32) * _std_tensor(std) + mean
+    return _draws.normal(key, shape, dtype=jnp.float32) * _std_tensor(std) + mean
 
 
 @lowers(aten.normal.Tensor_float, rng=True, host_check=_normal_host_check, runtime=("std",))
 def normal_tensor_float(mean, std=1.0, generator=None, *, key):
     _check_std(std)
-    return jax.random.normal(key, mean.shape, dtype=jnp.float32) * std + mean
+    return _draws.normal(key, mean.shape, dtype=jnp.float32) * std + mean
 
 
 @lowers(aten.normal.float_Tensor, rng=True)
 @checks.checked
 def normal_float_tensor(mean, std, generator=None, *, key):
-    return jax.random.normal(key, std.shape, dtype=jnp.float32) * _std_tensor(std) + mean
+    return _draws.normal(key, std.shape, dtype=jnp.float32) * _std_tensor(std) + mean
 
 
 @lowers(aten.bernoulli_.float, rng=True, host_check=_bernoulli_host_check)
 def bernoulli_float(x, p=0.5, generator=None, *, key):
     _check_p(p)
-    return jax.random.bernoulli(key, p, x.shape).astype(x.dtype)
+    return _draws.bernoulli(key, p, x.shape).astype(x.dtype)
 
 
 @lowers(aten.bernoulli_.Tensor, rng=True)
 @checks.checked
 def bernoulli_(x, p, generator=None, *, key):
     checks.require((p >= 0) & (p <= 1), checks.BERNOULLI)
-    return jax.random.bernoulli(key, p, x.shape).astype(x.dtype)
+    return _draws.bernoulli(key, p, x.shape).astype(x.dtype)
 
 
 @lowers(aten.bernoulli.default, rng=True)
 @checks.checked
 def bernoulli(x, generator=None, *, key):
     checks.require((x >= 0) & (x <= 1), checks.BERNOULLI)
-    return jax.random.bernoulli(key, x.astype(jnp.float32), x.shape).astype(x.dtype)
+    return _draws.bernoulli(key, x.astype(jnp.float32), x.shape).astype(x.dtype)
 
 
 def _bernoulli_out_meta(x, generator, out):
@@ -161,7 +161,7 @@ def bernoulli_out(x, generator, out, *, key):
 @lowers(aten.bernoulli.p, rng=True, host_check=_bernoulli_host_check)
 def bernoulli_p(x, p, generator=None, *, key):
     _check_p(p)
-    return jax.random.bernoulli(key, p, x.shape).astype(x.dtype)
+    return _draws.bernoulli(key, p, x.shape).astype(x.dtype)
 
 
 # ---------------------------------------------------------------- random_: ATen's ranges and checks
@@ -247,7 +247,7 @@ def _range(dtype, low: int, high: int | None) -> tuple[int, int]:
 
 
 def _draw(key, x, low: int, count: int):
-    bits = jax.random.bits(key, x.shape, jnp.uint64)
+    bits = _draws.bits(key, x.shape, jnp.uint64)
     if count < 2**64:
         bits = bits % jnp.uint64(count)
     return lax.bitcast_convert_type(bits + jnp.uint64(low % 2**64), jnp.int64).astype(x.dtype)
@@ -279,13 +279,13 @@ def geometric(x, p, generator=None, *, key):
     if x.dtype == jnp.bool_ or jnp.issubdtype(x.dtype, jnp.complexfloating):
         raise dtypes.not_implemented("geometric_tpu", dtypes.to_torch(x.dtype))
     draw = _draw_dtype(x.dtype)
-    u = jax.random.uniform(key, x.shape, dtype=draw, minval=jnp.finfo(draw).tiny, maxval=1.0)
+    u = _draws.uniform(key, x.shape, dtype=draw, minval=jnp.finfo(draw).tiny, maxval=1.0)
     return jnp.ceil(jnp.log(u) / jnp.log1p(-jnp.asarray(p, draw))).astype(x.dtype)
 
 
 @lowers(aten.exponential_.default, rng=True)
 def exponential_(x, lambd=1.0, generator=None, *, key):
-    return (jax.random.exponential(key, x.shape, dtype=jnp.float32) / lambd).astype(x.dtype)
+    return (_draws.exponential(key, x.shape, dtype=jnp.float32) / lambd).astype(x.dtype)
 
 
 _RANDPERM_LIMITS = {torch.float16: (2**11 + 1, "2049", "Half"), torch.float32: (2**24 + 1, "2^24+1", "Float"),
@@ -322,7 +322,7 @@ def multinomial(probs, num_samples, replacement=False, generator=None, *, key):
         draws = jax.random.categorical(key, logits, axis=-1, shape=(num_samples,) + probs.shape[:-1])
         return jnp.moveaxis(draws, 0, -1).astype(jnp.int64)
     # Without replacement: the top num_samples of logits + Gumbel noise (a draw in order, like PyTorch's).
-    scores = logits + jax.random.gumbel(key, probs.shape, jnp.float32)
+    scores = logits + _draws.gumbel(key, probs.shape, jnp.float32)
     return lax.top_k(scores, num_samples)[1].astype(jnp.int64)
 
 
@@ -333,18 +333,18 @@ def _wide(x):
 
 @lowers(aten.poisson.default, rng=True)
 def poisson(rates, generator=None, *, key):
-    return jax.random.poisson(key, _wide(rates), rates.shape, dtype=jnp.int64).astype(rates.dtype)
+    return _draws.poisson(key, _wide(rates), rates.shape, dtype=jnp.int64).astype(rates.dtype)
 
 
 @lowers(aten.binomial.default, rng=True)
 def binomial(count, prob, generator=None, *, key):
     shape = jnp.broadcast_shapes(count.shape, prob.shape)
-    return jax.random.binomial(key, _wide(count), _wide(prob), shape, dtype=jnp.float32).astype(count.dtype)
+    return _draws.binomial(key, _wide(count), _wide(prob), shape, dtype=jnp.float32).astype(count.dtype)
 
 
 @lowers(aten._standard_gamma.default, rng=True)
 def standard_gamma(alpha, generator=None, *, key):
-    return jax.random.gamma(key, _wide(alpha), alpha.shape).astype(alpha.dtype)
+    return _draws.gamma(key, _wide(alpha), alpha.shape).astype(alpha.dtype)
 
 
 @lowers(aten._standard_gamma_grad.default)
@@ -356,5 +356,5 @@ def standard_gamma_grad(alpha, sample):
 @lowers(aten._sample_dirichlet.default, rng=True)
 def sample_dirichlet(alpha, generator=None, *, key):
     # Normalised Gamma draws along the last dimension, as PyTorch does.
-    gammas = jax.random.gamma(key, _wide(alpha), alpha.shape)
+    gammas = _draws.gamma(key, _wide(alpha), alpha.shape)
     return (gammas / jnp.sum(gammas, axis=-1, keepdims=True)).astype(alpha.dtype)

@@ -86,6 +86,15 @@ def materialize(reason: str = "read") -> None:
         check(reason)
 
 
+def copied(dest_address: int, src_address: int, nbytes: int) -> None:
+    """c10 copied a copy-on-write storage (`Tensor._lazy_clone`, then a write to either side): the new
+    allocation holds the same value. Buffers are immutable values, so the copy shares the source's."""
+    flush_pending("copy-on-write")
+    entry = buffers.get(src_address)
+    if entry is not None:
+        buffers[dest_address] = entry
+
+
 def resized(old_address: int, new_address: int, old_nbytes: int, new_nbytes: int) -> None:
     """`untyped_storage().resize_()` moved a storage to a new allocation: move its buffer too.
 
