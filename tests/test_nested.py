@@ -52,6 +52,20 @@ def test_nested_ops_autograd_and_in_place_match_cpu():
         torch.testing.assert_close(g.cpu(), e)
 
 
+def test_sdpa_of_nested_tensors_takes_the_math_path_like_cpu():
+    """SDPA's backend choice on nested inputs (irregular sequence lengths): the math path, as on CPU
+    (PyTorch's test_autograd test_accumulate_grad_different_strides; the choice read an irregular size)."""
+    def run(d):
+        nt = torch.nested.as_nested_tensor([torch.rand(1, 4, 2, dtype=torch.float64, generator=g).to(d),
+                                            torch.rand(1, 8, 2, dtype=torch.float64, generator=g).to(d)])
+        return torch.nn.functional.scaled_dot_product_attention(nt, nt.clone(), nt.clone()).to_padded_tensor(0.0)
+
+    g = torch.Generator().manual_seed(0)
+    expected = run("cpu")
+    g.manual_seed(0)
+    torch.testing.assert_close(run("tpu").cpu(), expected)
+
+
 def test_nested_tensors_move_between_devices():
     cpu = torch.nested.nested_tensor(_components("cpu"))
     on_tpu = cpu.to("tpu")

@@ -2013,8 +2013,9 @@ bool functorch_wrapped(const Tensor& t) {
 
 int64_t tpu_fused_sdp_choice(const Tensor& query, const Tensor& key, const Tensor& value, const std::optional<Tensor>&,
                              double, bool, std::optional<double>, bool enable_gqa) {
-  bool fused = !functorch_wrapped(query) && !functorch_wrapped(key) && !functorch_wrapped(value) &&
-               at::globalContext().userEnabledOverrideableSDP() && query.dim() == 4 && key.dim() == 4 &&
+  // Nested inputs (irregular sizes: size(2) would raise) take the math path, as on CPU.
+  bool fused = !query.is_nested() && !key.is_nested() && !value.is_nested() && !functorch_wrapped(query) &&
+               !functorch_wrapped(key) && !functorch_wrapped(value) && at::globalContext().userEnabledOverrideableSDP() && query.dim() == 4 && key.dim() == 4 &&
                value.dim() == 4 && query.size(0) == key.size(0) && key.size(0) == value.size(0) &&
                key.size(1) == value.size(1) && key.size(2) == value.size(2) && query.size(3) == key.size(3);
   if (fused && query.size(1) != key.size(1)) {
