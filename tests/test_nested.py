@@ -66,6 +66,25 @@ def test_sdpa_of_nested_tensors_takes_the_math_path_like_cpu():
     torch.testing.assert_close(run("tpu").cpu(), expected)
 
 
+def test_unbind_and_select_give_views_of_the_nested_tensor_like_cpu():
+    """nt.unbind() and nt[i] are views of nt's buffer, as ATen's kernels make them: writes reach nt
+    (they were CPU copies; PyTorch's test_nestedtensor found it through an in-place silu)."""
+    def run(d):
+        nt = torch.nested.nested_tensor(_components(d))
+        nt.unbind()[0].mul_(5)
+        torch.nn.functional.silu(nt[1], inplace=True)
+        nt[-1][0].fill_(7.0)
+        grad_of = torch.nested.nested_tensor(_components(d), requires_grad=True)
+        (sum((c * c).sum() for c in grad_of.unbind()) + (grad_of[1] * 3).sum()).backward()
+        with pytest.raises(IndexError, match="index 2 is out of bounds for dimension 0 with size 2"):
+            nt[2]
+        return *nt.unbind(), *grad_of.grad.unbind(), *nt.transpose(1, 2).unbind()
+
+    for got, want in zip(run("tpu"), run("cpu")):
+        assert got.device.type == "tpu"
+        torch.testing.assert_close(got.cpu(), want)
+
+
 def test_nested_tensors_move_between_devices():
     cpu = torch.nested.nested_tensor(_components("cpu"))
     on_tpu = cpu.to("tpu")

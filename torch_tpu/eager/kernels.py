@@ -7,8 +7,8 @@ metadata-only view ops (PyTorch's own CPU kernels, redispatched: they only
 touch sizes/strides/storage), the special kernels (copy_, resize_, item) and the
 sparse COO kernels (eager/sparse.py, on the SparsePrivateUse1 key).
 Ops with no kernel land in the fallback: decomposition, else CPU fallback.
-Strided nested tensors (NestedTensorPrivateUse1) always take the CPU fallback:
-PyTorch's NestedTensorCPU kernels on copies.
+Strided nested tensors (NestedTensorPrivateUse1) take the CPU fallback: PyTorch's
+NestedTensorCPU kernels on copies; only unbind and select of dim 0 make views on the device.
 """
 from __future__ import annotations
 
@@ -88,6 +88,8 @@ def register_all() -> None:
             lib.impl(op, functools.partial(_nested_fallback, op), "NestedTensorPrivateUse1")
         for op in _NESTED_METADATA:  # they clone the CPU metadata: no copy of the buffer
             lib.impl(op, _redispatch_cpu(op, _NESTED_CPU), "NestedTensorPrivateUse1")
+        lib.impl(aten.unbind.int, _nested_unbind, "NestedTensorPrivateUse1")  # views of the buffer, as ATen's
+        lib.impl(aten.select.int, _nested_select, "NestedTensorPrivateUse1")
         torch_level = registry.kernels()
         for op, kernel in torch_level.items():  # torch-level kernels (ops/dynamic.py)
             add(op, kernel)
@@ -305,6 +307,31 @@ def _nested_fallback(op, *args, **kwargs):
 
     platform.get()
     return cpu_fallback(op, args, kwargs, what="on nested tensors")
+
+
+def _nested_components(nt):
+    """The components of strided nested tpu tensor `nt` as views of its storage (ATen's NestedTensor_unbind:
+    the fallback's would be copies, and writes to them would not reach `nt`)."""
+    storage = nt.untyped_storage()
+    flat = torch.empty(0, dtype=nt.dtype, device=nt.device).set_(storage, 0, (storage.nbytes() // nt.element_size(),))
+    sizes, strides = nt._nested_tensor_size().tolist(), nt._nested_tensor_strides().tolist()
+    offsets = nt._nested_tensor_storage_offsets().tolist()
+    return [flat.as_strided(size, stride, offset) for size, stride, offset in zip(sizes, strides, offsets)]
+
+
+def _nested_unbind(nt, dim=0):
+    if dim != 0:  # ATen refuses other dims itself
+        return _nested_fallback(aten.unbind.int, nt, dim)
+    return _nested_components(nt)
+
+
+def _nested_select(nt, dim, index):
+    if dim != 0:  # a nested view of the other dims: the fallback's copy
+        return _nested_fallback(aten.select.int, nt, dim, index)
+    count = nt.size(0)
+    if not -count <= index < count:
+        raise IndexError(f"index {index} is out of bounds for dimension 0 with size {count}")
+    return _nested_components(nt)[index]
 
 
 def _decomposition(op):
