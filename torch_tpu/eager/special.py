@@ -32,7 +32,7 @@ def copy_(dst: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> t
     from torch_tpu.ops import bits
 
     if not isinstance(src, torch.Tensor):  # a Python number (`grad.copy_(torch.inf)`): as ATen wraps one
-        src = torch.tensor(src, dtype=_WRAPPED_NUMBER_DTYPES[type(src)])
+        src = torch.tensor(src, dtype=_WRAPPED_NUMBER_DTYPES.get(type(src)))
     if dst.device.type == "tpu":
         if src.device.type == "tpu":
             src = bits.resolved(src)
