@@ -2015,8 +2015,9 @@ int64_t tpu_fused_sdp_choice(const Tensor& query, const Tensor& key, const Tenso
                              double, bool, std::optional<double>, bool enable_gqa) {
   // Nested inputs (irregular sizes: size(2) would raise) take the math path, as on CPU.
   bool fused = !query.is_nested() && !key.is_nested() && !value.is_nested() && !functorch_wrapped(query) &&
-               !functorch_wrapped(key) && !functorch_wrapped(value) && at::globalContext().userEnabledOverrideableSDP() && query.dim() == 4 && key.dim() == 4 &&
-               value.dim() == 4 && query.size(0) == key.size(0) && key.size(0) == value.size(0) &&
+               !functorch_wrapped(key) && !functorch_wrapped(value) && at::globalContext().userEnabledOverrideableSDP() &&
+               query.dim() == 4 && key.dim() == 4 && value.dim() == 4 &&
+               query.size(0) == key.size(0) && key.size(0) == value.size(0) &&
                key.size(1) == value.size(1) && key.size(2) == value.size(2) && query.size(3) == key.size(3);
   if (fused && query.size(1) != key.size(1)) {
     fused = enable_gqa && key.size(1) > 0 && query.size(1) % key.size(1) == 0;

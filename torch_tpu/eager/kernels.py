@@ -309,20 +309,20 @@ def _nested_fallback(op, *args, **kwargs):
     return cpu_fallback(op, args, kwargs, what="on nested tensors")
 
 
-def _nested_components(nt):
-    """The components of strided nested tpu tensor `nt` as views of its storage (ATen's NestedTensor_unbind:
+def _nested_components(nt, indices):
+    """Components `indices` of strided nested tpu tensor `nt` as views of its storage (ATen's NestedTensor_unbind:
     the fallback's would be copies, and writes to them would not reach `nt`)."""
     storage = nt.untyped_storage()
     flat = torch.empty(0, dtype=nt.dtype, device=nt.device).set_(storage, 0, (storage.nbytes() // nt.element_size(),))
-    sizes, strides = nt._nested_tensor_size().tolist(), nt._nested_tensor_strides().tolist()
-    offsets = nt._nested_tensor_storage_offsets().tolist()
-    return [flat.as_strided(size, stride, offset) for size, stride, offset in zip(sizes, strides, offsets)]
+    sizes, strides = nt._nested_tensor_size(), nt._nested_tensor_strides()
+    offsets = nt._nested_tensor_storage_offsets()
+    return [flat.as_strided(sizes[i].tolist(), strides[i].tolist(), int(offsets[i])) for i in indices]
 
 
 def _nested_unbind(nt, dim=0):
     if dim != 0:  # ATen refuses other dims itself
         return _nested_fallback(aten.unbind.int, nt, dim)
-    return _nested_components(nt)
+    return _nested_components(nt, range(nt.size(0)))
 
 
 def _nested_select(nt, dim, index):
@@ -331,7 +331,7 @@ def _nested_select(nt, dim, index):
     count = nt.size(0)
     if not -count <= index < count:
         raise IndexError(f"index {index} is out of bounds for dimension 0 with size {count}")
-    return _nested_components(nt)[index]
+    return _nested_components(nt, [index])[0]
 
 
 def _decomposition(op):

@@ -1,7 +1,7 @@
 """jax.random's draws, made 1-D and reshaped: the same numbers, a fraction of the compile time.
 
 Threefry numbers the elements of a draw in row-major order, so a draw of n elements reshaped to an
-N-d shape holds exactly the N-d draw's values (tests/test_random.py checks each function here
+N-d shape holds exactly the N-d draw's values (tests/test_random_ops.py checks each function here
 against jax.random's own). XLA:CPU compiles the 1-D form several times faster: a normal draw of
 shape (4, 3, 8, 8) took 3.1 s against 0.6 s flat, and every new shape of a random op (a dropout
 mask, randn_like) pays that compile once.
